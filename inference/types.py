@@ -1,0 +1,121 @@
+"""The engine's public request and result types: what the gateway and the engine server exchange with it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+DEFAULT_TTL_S = 300
+
+
+@dataclass(frozen=True)
+class CacheRegion:
+    """Prompt tokens [0, end) may be committed to the prefix cache with this TTL.
+
+    Regions arrive ordered longest TTL first; a block takes the TTL of the first
+    region that covers it, so a 1h region followed by a 5m one marks its blocks 1h.
+    """
+
+    end: int
+    ttl_s: int
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """How a request uses the prefix cache.
+
+    salt: partitions the cache; requests only share blocks with the same salt.
+    regions: cacheable regions. None means automatic caching: the whole prompt
+        is cacheable with the default TTL. An empty tuple means nothing is committed
+        (the request may still read).
+    """
+
+    salt: str | None = None
+    regions: tuple[CacheRegion, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding controls, as in vLLM. temperature 0 means greedy; top_k 0 means off."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True)
+class TierCounts:
+    """Tokens read from the cache, split by the tier they were found in."""
+
+    device: int = 0
+    host: int = 0
+    disk: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.device + self.host + self.disk
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What one request read from, wrote to and computed outside the prefix cache.
+
+    Invariant: cached_tokens + cache_write_tokens + uncached_tokens == prompt_tokens.
+    cached_tokens are tokens whose prefill was really skipped; cache_write_tokens
+    are tokens of blocks this request newly committed; cache_write_tokens_by_ttl
+    splits the writes by TTL in seconds (e.g. {300: 1024, 3600: 2048}).
+    """
+
+    prompt_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int
+    completion_tokens: int
+    cached_tokens_by_tier: TierCounts = field(default_factory=TierCounts)
+    cache_write_tokens_by_ttl: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def uncached_tokens(self) -> int:
+        return self.prompt_tokens - self.cached_tokens - self.cache_write_tokens
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """New output since the last delta: token ids and the text they completed."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """The final result of one request."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    text: str
+    finish_reason: FinishReason
+    usage: Usage
+    stop_sequence: str | None = None
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    error: str | None = None
+
+
+class EngineError(Exception):
+    """Base class for errors the engine reports to its callers."""
+
+
+class InvalidRequestError(EngineError):
+    """The request can never be served as given (bad parameters, prompt too long...)."""
+
+
+class EngineOverloadedError(EngineError):
+    """The waiting queue is full; retry later."""

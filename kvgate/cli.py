@@ -1,0 +1,35 @@
+"""The `kvgate` command. Each package contributes its subcommands through a `register` function."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# Modules that expose `register(subparsers)`; each adds its own subcommands.
+COMMAND_MODULES = ("inference.cli", "gateway.cli", "billing.cli")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Callable[[argparse.Namespace], int | None] = args.handler
+    return handler(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
