@@ -1,0 +1,69 @@
+"""The gateway's tables: tenants, their API keys, usage records and server state."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import BigInteger, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from kvgate.db import Base, UTCDateTime, utcnow
+
+TENANT_ACTIVE = "active"
+TENANT_SUSPENDED = "suspended"
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    status: Mapped[str] = mapped_column(String(16), default=TENANT_ACTIVE)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ApiKey(Base):
+    __tablename__ = "api_keys"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    # Only the SHA-256 of the key is kept; the key itself is shown once at creation.
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
+    input_tokens_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
+
+
+class UsageRecord(Base):
+    """One row per finished or abandoned request; the request id makes writes idempotent."""
+
+    __tablename__ = "usage_records"
+
+    request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(String(40), index=True)
+    api_key_id: Mapped[str] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)
+    input_tokens: Mapped[int] = mapped_column(BigInteger)
+    cache_write_5m_tokens: Mapped[int] = mapped_column(BigInteger)
+    cache_write_1h_tokens: Mapped[int] = mapped_column(BigInteger)
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger)
+    output_tokens: Mapped[int] = mapped_column(BigInteger)
+    ttft_ms: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(32))
+
+
+class ServerState(Base):
+    """Small server-wide values generated once: the salt secret and the admin token's hash."""
+
+    __tablename__ = "server_state"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(String(256))

@@ -1,0 +1,37 @@
+"""Gateway settings, read from KVGATE_* environment variables (the engine's live in inference.settings)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite:///./kvgate.db"
+
+
+class GatewaySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
+
+    database_url: str = Field(DEFAULT_DATABASE_URL, description="sqlite:///path or postgresql://...")
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    admin_token: SecretStr | None = Field(
+        None, description="Bearer token for /admin/v1; generated once and stored hashed when unset."
+    )
+    secret: SecretStr | None = Field(
+        None, description="Server secret for cache salts; generated once and stored when unset."
+    )
+    min_cacheable_tokens: int = Field(
+        1024, ge=0, description="A cache breakpoint ending before this many prompt tokens has no effect."
+    )
+    redis_url: str | None = Field(None, description="Share rate-limit buckets across processes via Redis.")
+    default_requests_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
+    default_input_tokens_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
+    max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
+    log_level: str = "INFO"
+
+
+@lru_cache
+def get_settings() -> GatewaySettings:
+    return GatewaySettings()

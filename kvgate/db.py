@@ -1,0 +1,143 @@
+"""The database foundation shared by every package: declarative Base, URLs, engines, sessions, migrations.
+
+One database holds the gateway's and billing's tables. The application talks to it
+through SQLAlchemy's asyncio layer (aiosqlite, asyncpg); Alembic migrations run
+through the matching synchronous drivers (sqlite3, psycopg).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import DateTime, MetaData, event
+from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import DeclarativeBase
+from sqlalchemy.types import TypeDecorator
+
+from kvgate import REPO_ROOT
+
+# Every package that defines tables lists its models module here, so Alembic's
+# autogenerate and the drift check see one complete metadata.
+MODEL_MODULES = ("gateway.models", "billing.models")
+
+# Stable constraint names make migrations reproducible across SQLite and PostgreSQL.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A timezone-aware UTC timestamp on every backend (SQLite drops the offset otherwise)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetimes are ambiguous; pass an aware UTC datetime")
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def load_models() -> MetaData:
+    """Import every models module so that Base.metadata holds all tables."""
+    for name in MODEL_MODULES:
+        try:
+            importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+    return Base.metadata
+
+
+_ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+_SYNC_DRIVERS = {"sqlite": "sqlite", "postgresql": "postgresql+psycopg"}
+
+
+def _with_driver(url: str, drivers: dict[str, str]) -> str:
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend not in drivers:
+        raise ValueError(f"unsupported database {backend!r}: use sqlite or postgresql")
+    return parsed.set(drivername=drivers[backend]).render_as_string(hide_password=False)
+
+
+def async_url(url: str) -> str:
+    """The URL with the asyncio driver, whatever driver the user wrote."""
+    return _with_driver(url, _ASYNC_DRIVERS)
+
+
+def sync_url(url: str) -> str:
+    """The URL with the synchronous driver Alembic uses."""
+    return _with_driver(url, _SYNC_DRIVERS)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    # WAL lets readers proceed during a write; busy_timeout turns lock contention
+    # between pooled connections into a short wait instead of "database is locked".
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    engine = create_async_engine(async_url(url), **kwargs)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@asynccontextmanager
+async def open_database(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """A session factory on a fresh engine, disposed on exit (for the CLI and scripts)."""
+    engine = create_engine(url)
+    try:
+        yield session_factory(engine)
+    finally:
+        await engine.dispose()
+
+
+def alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    config = Config(str(REPO_ROOT / "alembic.ini"))
+    config.set_main_option("script_location", str(REPO_ROOT / "migrations"))
+    # ConfigParser interpolation would choke on a literal % in a password.
+    config.set_main_option("sqlalchemy.url", sync_url(url).replace("%", "%%"))
+    return config
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """Bring the database at `url` to `revision` (creating a SQLite file if needed)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(url), revision)
