@@ -1,0 +1,85 @@
+"""Usage as CSV: one row per ledger entry, amounts exact (never rounded) so the export re-adds."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import date, datetime
+
+from billing.money import format_usd_exact
+
+CSV_COLUMNS = (
+    "request_id",
+    "kind",
+    "tenant_id",
+    "api_key_id",
+    "model",
+    "endpoint",
+    "status",
+    "started_at",
+    "billing_month",
+    "price_version_id",
+    "input_tokens",
+    "cache_write_5m_tokens",
+    "cache_write_1h_tokens",
+    "cache_write_24h_tokens",
+    "cache_read_tokens",
+    "output_tokens",
+    "cost_usd",
+    "uncached_cost_usd",
+    "ttft_ms",
+    "latency_ms",
+)
+
+
+@dataclass(frozen=True)
+class UsageRow:
+    """One ledger entry as the usage API, the CLI and the CSV export show it."""
+
+    id: int
+    request_id: str
+    kind: str
+    tenant_id: str
+    api_key_id: str | None
+    model: str
+    endpoint: str
+    status: str
+    started_at: datetime
+    billing_month: date
+    price_version_id: int
+    input_tokens: int
+    cache_write_5m_tokens: int
+    cache_write_1h_tokens: int
+    cache_write_24h_tokens: int
+    cache_read_tokens: int
+    output_tokens: int
+    cost_pico: int
+    uncached_cost_pico: int
+    ttft_ms: int | None
+    latency_ms: int | None
+
+    def csv_values(self) -> list[str]:
+        values = {
+            **{c: getattr(self, c) for c in CSV_COLUMNS if hasattr(self, c)},
+            "started_at": self.started_at.isoformat(),
+            "billing_month": self.billing_month.strftime("%Y-%m"),
+            "cost_usd": format_usd_exact(self.cost_pico),
+            "uncached_cost_usd": format_usd_exact(self.uncached_cost_pico),
+        }
+        return ["" if values[c] is None else str(values[c]) for c in CSV_COLUMNS]
+
+
+def iter_csv(rows: Iterable[UsageRow]) -> Iterator[str]:
+    """CSV text in chunks, header first, so a large export streams."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for row in rows:
+        writer.writerow(row.csv_values())
+        if buffer.tell() > 64 * 1024:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()

@@ -1,0 +1,103 @@
+"""Turning a month of ledger sums into invoice lines: the one place amounts are rounded.
+
+Lines are per model x price version x category. Each line's exact amount is its
+token count times the version's per-token rate; the line is then rounded half-even
+to the cent, and the invoice total is the sum of the rounded lines, so what a
+person adds up on the page is what is charged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Decimal
+
+from billing.money import round_to_cents
+from billing.prices import PriceVersion
+from billing.tokens import CATEGORY_LABELS, Category, TokenCounts
+
+_CATEGORY_ORDER = {c: i for i, c in enumerate(Category)}
+
+
+@dataclass(frozen=True)
+class UsageAggregate:
+    """Summed token counts of one tenant's entries for one model under one price version."""
+
+    model: str
+    price_version_id: int
+    counts: TokenCounts
+    requests: int
+
+
+@dataclass(frozen=True)
+class InvoiceLine:
+    position: int
+    model: str
+    category: Category
+    price_version_id: int
+    tokens: int
+    unit_price_usd_per_mtok: Decimal
+    exact_amount_pico: int
+    amount_cents: int
+
+    @property
+    def description(self) -> str:
+        return f"{self.model} — {CATEGORY_LABELS[self.category]}"
+
+
+@dataclass(frozen=True)
+class InvoiceComputation:
+    lines: tuple[InvoiceLine, ...]
+    requests: int
+    total_cents: int
+    exact_total_pico: int
+    uncached_cents: int
+    """The same usage priced with no prompt cache, rounded per model and version like the lines."""
+
+    @property
+    def savings_cents(self) -> int:
+        return self.uncached_cents - self.total_cents
+
+    @property
+    def savings_percent(self) -> Decimal:
+        if self.uncached_cents <= 0:
+            return Decimal(0)
+        return (Decimal(100) * self.savings_cents / self.uncached_cents).quantize(Decimal("0.1"))
+
+
+def compute_invoice(
+    *, aggregates: Iterable[UsageAggregate], versions: dict[int, PriceVersion]
+) -> InvoiceComputation:
+    """Build the lines for one tenant-month; `versions` must hold every aggregate's price version."""
+    rows = sorted(aggregates, key=lambda a: (a.model, versions[a.price_version_id].effective_from))
+    lines: list[InvoiceLine] = []
+    uncached_cents = 0
+    requests = 0
+    for aggregate in rows:
+        version = versions[aggregate.price_version_id]
+        requests += aggregate.requests
+        uncached_cents += round_to_cents(version.uncached_cost_pico(aggregate.counts))
+        by_category = sorted(aggregate.counts.by_category().items(), key=lambda kv: _CATEGORY_ORDER[kv[0]])
+        for category, tokens in by_category:
+            if tokens == 0:
+                continue
+            exact = tokens * version.rates.for_category(category)
+            lines.append(
+                InvoiceLine(
+                    position=len(lines) + 1,
+                    model=aggregate.model,
+                    category=category,
+                    price_version_id=version.id,
+                    tokens=tokens,
+                    unit_price_usd_per_mtok=version.unit_price_per_mtok(category),
+                    exact_amount_pico=exact,
+                    amount_cents=round_to_cents(exact),
+                )
+            )
+    return InvoiceComputation(
+        lines=tuple(lines),
+        requests=requests,
+        total_cents=sum(line.amount_cents for line in lines),
+        exact_total_pico=sum(line.exact_amount_pico for line in lines),
+        uncached_cents=uncached_cents,
+    )

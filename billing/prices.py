@@ -1,0 +1,200 @@
+"""Price versions: what a model costs from a given moment, and the exact per-token rates.
+
+A catalog entry is USD per million tokens for input and output, plus the cache
+multipliers applied to the input price. Entries are versions: a change is a new
+version with a later effective_from, never an edit, so a recorded request can
+always be re-priced with the version it names.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from billing.money import PICO_PER_TOKEN_PER_USD_PER_MTOK
+from billing.tokens import Category, TokenCounts
+
+DEFAULT_PRICE_FILE = Path(__file__).with_name("prices.toml")
+FALLBACK_MODEL = "*"
+"""A catalog entry for this name prices every model that has none of its own."""
+
+DEFAULT_MULTIPLIERS: dict[str, Decimal] = {
+    "cache_write_5m_multiplier": Decimal("1.25"),
+    "cache_write_1h_multiplier": Decimal("2.0"),
+    "cache_read_multiplier": Decimal("0.1"),
+}
+_MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
+_ENTRY_KEYS = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS}
+
+
+class PriceError(ValueError):
+    """A catalog entry that is malformed or cannot be priced exactly."""
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Pico-dollars per token for each category; None where the TTL class is not offered."""
+
+    input: int
+    cache_write_5m: int
+    cache_write_1h: int
+    cache_write_24h: int | None
+    cache_read: int
+    output: int
+
+    def for_category(self, category: Category) -> int:
+        rate = getattr(self, category.value)
+        if rate is None:
+            raise PriceError(f"{category.value} is not offered by this price version")
+        return rate
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriceSpec:
+    model: str
+    effective_from: datetime
+    input_usd_per_mtok: Decimal
+    output_usd_per_mtok: Decimal
+    cache_write_5m_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_5m_multiplier"]
+    cache_write_1h_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_1h_multiplier"]
+    cache_read_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_read_multiplier"]
+    cache_write_24h_multiplier: Decimal | None = None
+    rates: Rates = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.model or len(self.model) > 200:
+            raise PriceError("model must be a non-empty name of at most 200 characters")
+        if self.effective_from.tzinfo is None:
+            raise PriceError(f"{self.model}: effective_from must carry a time zone (use UTC)")
+        object.__setattr__(self, "effective_from", self.effective_from.astimezone(UTC))
+        for name in ("input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
+                raise PriceError(f"{self.model}: {name} must be a non-negative decimal, got {value!r}")
+        p_in, p_out = self.input_usd_per_mtok, self.output_usd_per_mtok
+        m24 = self.cache_write_24h_multiplier
+        object.__setattr__(
+            self,
+            "rates",
+            Rates(
+                input=_rate(self.model, "input", p_in),
+                cache_write_5m=_rate(self.model, "cache write 5m", p_in * self.cache_write_5m_multiplier),
+                cache_write_1h=_rate(self.model, "cache write 1h", p_in * self.cache_write_1h_multiplier),
+                cache_write_24h=None if m24 is None else _rate(self.model, "cache write 24h", p_in * m24),
+                cache_read=_rate(self.model, "cache read", p_in * self.cache_read_multiplier),
+                output=_rate(self.model, "output", p_out),
+            ),
+        )
+
+    @property
+    def ttl_classes(self) -> tuple[str, ...]:
+        """The cache TTL classes a request may ask for under this version."""
+        return ("5m", "1h") if self.cache_write_24h_multiplier is None else ("5m", "1h", "24h")
+
+    def unit_price_per_mtok(self, category: Category) -> Decimal:
+        """USD per million tokens of a category, as printed on invoices."""
+        return Decimal(self.rates.for_category(category)).scaleb(-6).normalize()
+
+    def same_prices(self, other: PriceSpec) -> bool:
+        return all(getattr(self, n) == getattr(other, n) for n in ("model", *_price_fields()))
+
+    def cost_pico(self, counts: TokenCounts) -> int:
+        """Exact cost in pico-dollars: the issue's formula with each multiplier folded into a rate."""
+        total = 0
+        for category, tokens in counts.by_category().items():
+            if tokens:
+                total += tokens * self.rates.for_category(category)
+        return total
+
+    def uncached_cost_pico(self, counts: TokenCounts) -> int:
+        """What the same request would cost with no prompt cache: every prompt token as input."""
+        return counts.prompt_tokens * self.rates.input + counts.output * self.rates.output
+
+
+@dataclass(frozen=True, kw_only=True)
+class PriceVersion(PriceSpec):
+    """A catalog entry as stored, with the id ledger entries refer to."""
+
+    id: int
+
+
+def _price_fields() -> tuple[str, ...]:
+    return ("input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS)
+
+
+def _rate(model: str, what: str, usd_per_mtok: Decimal) -> int:
+    pico = usd_per_mtok * PICO_PER_TOKEN_PER_USD_PER_MTOK
+    if pico != pico.to_integral_value():
+        raise PriceError(
+            f"{model}: the {what} rate {usd_per_mtok} USD/Mtok is finer than a pico-dollar per token; "
+            "use at most 4 decimals for prices and multiples of 0.05 for multipliers"
+        )
+    return int(pico)
+
+
+def parse_price_entries(data: dict[str, Any], *, source: str = "prices") -> list[PriceSpec]:
+    """Turn a parsed price file (see billing/prices.toml) into validated specs."""
+    defaults = data.get("defaults", {})
+    if not isinstance(defaults, dict) or set(defaults) - set(_MULTIPLIER_KEYS):
+        raise PriceError(f"{source}: [defaults] may only set {', '.join(_MULTIPLIER_KEYS)}")
+    entries = data.get("prices")
+    if not isinstance(entries, list) or not entries:
+        raise PriceError(f"{source}: expected one or more [[prices]] tables")
+    specs: list[PriceSpec] = []
+    seen: set[tuple[str, datetime]] = set()
+    for index, entry in enumerate(entries):
+        where = f"{source}: [[prices]] #{index + 1}"
+        if not isinstance(entry, dict):
+            raise PriceError(f"{where}: not a table")
+        unknown = set(entry) - _ENTRY_KEYS
+        if unknown:
+            raise PriceError(f"{where}: unknown keys {sorted(unknown)}")
+        missing = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok"} - set(entry)
+        if missing:
+            raise PriceError(f"{where}: missing {sorted(missing)}")
+        values = {**DEFAULT_MULTIPLIERS, **defaults, **entry}
+        values["effective_from"] = _as_utc(values["effective_from"], where)
+        for key in ("input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS):
+            if key in values:
+                values[key] = _as_decimal(values[key], f"{where}: {key}")
+        spec = PriceSpec(**values)
+        if (spec.model, spec.effective_from) in seen:
+            raise PriceError(f"{where}: {spec.model} has two entries effective from {spec.effective_from}")
+        seen.add((spec.model, spec.effective_from))
+        specs.append(spec)
+    return specs
+
+
+def load_price_file(path: Path = DEFAULT_PRICE_FILE) -> list[PriceSpec]:
+    try:
+        with path.open("rb") as fh:
+            # parse_float keeps TOML numbers like 0.15 exact instead of binary floats.
+            data = tomllib.load(fh, parse_float=Decimal)
+    except tomllib.TOMLDecodeError as exc:
+        raise PriceError(f"{path}: {exc}") from exc
+    return parse_price_entries(data, source=str(path))
+
+
+def _as_decimal(value: Any, where: str) -> Decimal:
+    if isinstance(value, bool) or not isinstance(value, int | str | Decimal):
+        raise PriceError(f"{where} must be a number or a decimal string")
+    try:
+        return Decimal(value)
+    except ArithmeticError as exc:
+        raise PriceError(f"{where} is not a decimal: {value!r}") from exc
+
+
+def _as_utc(value: Any, where: str) -> datetime:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise PriceError(f"{where}: effective_from needs an offset, e.g. 2026-01-01T00:00:00Z")
+        return value.astimezone(UTC)
+    if isinstance(value, date):
+        return datetime(value.year, value.month, value.day, tzinfo=UTC)
+    raise PriceError(f"{where}: effective_from must be a TOML date or offset date-time")

@@ -1,0 +1,172 @@
+"""An invoice as a person reads it: HTML and PDF from the same frozen document."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+
+import jinja2
+from fpdf import FPDF
+from fpdf.fonts import FontFace
+
+from billing.invoice_lines import InvoiceLine
+from billing.money import format_usd
+from billing.tokens import CATEGORY_LABELS
+
+
+@dataclass(frozen=True)
+class CreditNoteSummary:
+    number: str
+    amount_cents: int
+    reason: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class InvoiceDocument:
+    invoice_id: int
+    number: str | None
+    status: str
+    tenant_id: str
+    tenant_name: str
+    period_start: date
+    period_end: date
+    issued_at: datetime | None
+    lines: tuple[InvoiceLine, ...]
+    requests: int
+    total_cents: int
+    uncached_cents: int
+    credit_notes: tuple[CreditNoteSummary, ...] = ()
+    seller: str = "kvgate"
+
+    @property
+    def title(self) -> str:
+        return f"Invoice {self.number}" if self.number else f"Draft invoice #{self.invoice_id}"
+
+    @property
+    def savings_cents(self) -> int:
+        return self.uncached_cents - self.total_cents
+
+    @property
+    def savings_percent(self) -> Decimal:
+        if self.uncached_cents <= 0:
+            return Decimal(0)
+        return (Decimal(100) * self.savings_cents / self.uncached_cents).quantize(Decimal("0.1"))
+
+    @property
+    def credited_cents(self) -> int:
+        return sum(note.amount_cents for note in self.credit_notes)
+
+    @property
+    def amount_due_cents(self) -> int:
+        return self.total_cents - self.credited_cents
+
+    @property
+    def period_label(self) -> str:
+        return f"{self.period_start:%Y-%m-%d} to {self.period_end:%Y-%m-%d} (UTC, end exclusive)"
+
+
+_HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ doc.title }}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2rem;color:#111}
+table{border-collapse:collapse;width:100%}th,td{padding:.3rem .6rem;border-bottom:1px solid #ddd}
+td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}.status{text-transform:uppercase;color:#555}
+tfoot td{font-weight:600}
+</style></head><body>
+<h1>{{ doc.title }} <span class="status">{{ doc.status }}</span></h1>
+<p>From {{ doc.seller }} to <strong>{{ doc.tenant_name }}</strong> (tenant {{ doc.tenant_id }})<br>
+Period: {{ doc.period_label }}<br>
+{% if doc.issued_at %}Issued: {{ doc.issued_at.strftime("%Y-%m-%d %H:%M UTC") }}<br>{% endif %}
+Requests: {{ "{:,}".format(doc.requests) }}</p>
+<table><thead><tr><th>#</th><th>Model</th><th>Category</th><th class="n">Tokens</th>
+<th class="n">Unit price (USD / Mtok)</th><th class="n">Amount</th></tr></thead><tbody>
+{% for line in doc.lines %}<tr><td>{{ line.position }}</td><td>{{ line.model }}</td>
+<td>{{ labels[line.category] }}</td>
+<td class="n">{{ "{:,}".format(line.tokens) }}</td><td class="n">{{ line.unit_price_usd_per_mtok }}</td>
+<td class="n">{{ usd(line.amount_cents) }}</td></tr>
+{% else %}<tr><td colspan="6">No usage in this period.</td></tr>{% endfor %}
+</tbody><tfoot>
+<tr><td colspan="5">Total</td><td class="n" id="total">{{ usd(doc.total_cents) }}</td></tr>
+{% for note in doc.credit_notes %}<tr><td colspan="5">Credit note {{ note.number }}: {{ note.reason }}</td>
+<td class="n">-{{ usd(note.amount_cents) }}</td></tr>{% endfor %}
+{% if doc.credit_notes %}<tr><td colspan="5">Amount due</td>
+<td class="n">{{ usd(doc.amount_due_cents) }}</td></tr>{% endif %}
+</tfoot></table>
+<p>Without prompt caching this usage would have cost {{ usd(doc.uncached_cents) }}:
+caching saved {{ usd(doc.savings_cents) }} ({{ doc.savings_percent }}%).</p>
+<p><small>Line amounts are exact token x rate sums rounded half-even to the cent;
+the total is the sum of the lines.</small></p>
+</body></html>
+"""
+)
+
+
+def render_html(doc: InvoiceDocument) -> str:
+    return _HTML.render(doc=doc, usd=format_usd, labels=CATEGORY_LABELS)
+
+
+def _latin1(text: str) -> str:
+    # The PDF uses the core Helvetica font (no font files to ship), which is Latin-1 only.
+    return text.encode("latin-1", "replace").decode("latin-1")
+
+
+def render_pdf(doc: InvoiceDocument) -> bytes:
+    pdf = FPDF(orientation="P", unit="mm", format="A4")
+    pdf.set_title(_latin1(doc.title))
+    pdf.set_author(_latin1(doc.seller))
+    pdf.set_auto_page_break(auto=True, margin=15)
+    pdf.add_page()
+    pdf.set_font("Helvetica", "B", 16)
+    pdf.cell(0, 10, _latin1(f"{doc.title} ({doc.status.upper()})"), new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font("Helvetica", size=10)
+    header = [
+        f"From {doc.seller} to {doc.tenant_name} (tenant {doc.tenant_id})",
+        f"Period: {doc.period_label}",
+        f"Issued: {doc.issued_at:%Y-%m-%d %H:%M} UTC" if doc.issued_at else "Not issued: draft",
+        f"Requests: {doc.requests:,}",
+    ]
+    for text in header:
+        pdf.cell(0, 6, _latin1(text), new_x="LMARGIN", new_y="NEXT")
+    pdf.ln(4)
+    pdf.set_font("Helvetica", size=9)
+    with pdf.table(
+        col_widths=(8, 52, 34, 30, 34, 26),
+        text_align=("RIGHT", "LEFT", "LEFT", "RIGHT", "RIGHT", "RIGHT"),
+        headings_style=FontFace(emphasis="BOLD"),
+        line_height=6,
+    ) as table:
+        table.row(["#", "Model", "Category", "Tokens", "USD / Mtok", "Amount"])
+        for line in doc.lines:
+            table.row(
+                [
+                    str(line.position),
+                    _latin1(line.model),
+                    CATEGORY_LABELS[line.category],
+                    f"{line.tokens:,}",
+                    str(line.unit_price_usd_per_mtok),
+                    format_usd(line.amount_cents),
+                ]
+            )
+    pdf.ln(3)
+    pdf.set_font("Helvetica", "B", 11)
+    pdf.cell(0, 7, f"Total: {format_usd(doc.total_cents)}", align="R", new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font("Helvetica", size=10)
+    for note in doc.credit_notes:
+        text = f"Credit note {note.number} ({note.reason}): -{format_usd(note.amount_cents)}"
+        pdf.cell(0, 6, _latin1(text), align="R", new_x="LMARGIN", new_y="NEXT")
+    if doc.credit_notes:
+        pdf.set_font("Helvetica", "B", 11)
+        due = f"Amount due: {format_usd(doc.amount_due_cents)}"
+        pdf.cell(0, 7, due, align="R", new_x="LMARGIN", new_y="NEXT")
+        pdf.set_font("Helvetica", size=10)
+    pdf.ln(4)
+    pdf.multi_cell(
+        0,
+        5,
+        f"Without prompt caching this usage would have cost {format_usd(doc.uncached_cents)}: "
+        f"caching saved {format_usd(doc.savings_cents)} ({doc.savings_percent}%).",
+    )
+    return bytes(pdf.output())
