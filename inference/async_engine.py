@@ -1,16 +1,36 @@
 """The engine's asyncio interface: what the gateway and the engine server call.
 
-(Interface fixed first so the gateway can be built against it; the implementation
-lands with the engine.)
+The engine core steps in one background thread (torch releases the GIL in its
+kernels, so the event loop stays responsive). Requests and aborts reach it through
+a locked inbox; its outputs come back to the loop with call_soon_threadsafe.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import structlog
+
+from inference.clock import Clock
+from inference.engine import Engine, StepOutput
 from inference.settings import EngineSettings
-from inference.types import CacheSpec, RequestOutput, SamplingParams, TokenDelta
+from inference.types import (
+    CacheSpec,
+    EngineError,
+    EngineOverloadedError,
+    RequestOutput,
+    SamplingParams,
+    TokenDelta,
+    Usage,
+)
+
+log = structlog.get_logger(__name__)
+
+_DONE = object()
 
 
 class RequestHandle:
@@ -20,45 +40,122 @@ class RequestHandle:
     result() then returns finish_reason "cancelled" with the usage up to that point.
     """
 
-    request_id: str
+    def __init__(self, request_id: str, engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
+        self.request_id = request_id
+        self._engine = engine
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._result: asyncio.Future[RequestOutput] = loop.create_future()
 
-    def __aiter__(self) -> AsyncIterator[TokenDelta]:
-        raise NotImplementedError
+    async def __aiter__(self) -> AsyncIterator[TokenDelta]:
+        while True:
+            item = await self._queue.get()
+            if item is _DONE:
+                return
+            yield item
 
     async def result(self) -> RequestOutput:
-        raise NotImplementedError
+        return await asyncio.shield(self._result)
+
+    @property
+    def done(self) -> bool:
+        return self._result.done()
 
     def cancel(self) -> None:
-        raise NotImplementedError
+        if not self._result.done():
+            self._engine._abort(self.request_id)
+
+    def _push(self, out: StepOutput) -> None:
+        if out.token_ids or out.text:
+            self._queue.put_nowait(TokenDelta(out.token_ids, out.text))
+        if out.finished is not None and not self._result.done():
+            self._result.set_result(out.finished)
+            self._queue.put_nowait(_DONE)
 
 
 class AsyncEngine:
     """The embedded engine, stepping in a background thread.
 
     Attributes once started: model_id (served name), tokenizer (a Hugging Face
-    fast tokenizer), max_model_len, block_size.
+    fast tokenizer), max_model_len, block_size, clock, core (the sync Engine).
     """
 
-    model_id: str
-    max_model_len: int
-    block_size: int
-    tokenizer: Any
+    def __init__(self, settings: EngineSettings | None = None, *, clock: Clock | None = None) -> None:
+        self.settings = settings or EngineSettings()
+        self._clock = clock
+        self.core: Engine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._wake = threading.Condition()
+        self._inbox: list[tuple[str, Any]] = []
+        self._handles: dict[str, RequestHandle] = {}
+        self._stopping = False
 
     @classmethod
-    def from_settings(cls, settings: EngineSettings | None = None) -> AsyncEngine:
-        raise NotImplementedError
+    def from_settings(cls, settings: EngineSettings | None = None, *, clock: Clock | None = None) -> AsyncEngine:
+        return cls(settings, clock=clock)
+
+    # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        raise NotImplementedError
+        """Load the model (in a worker thread) and start stepping."""
+        self._loop = asyncio.get_running_loop()
+        self.core = await asyncio.to_thread(Engine, self.settings, clock=self._clock)
+        self._thread = threading.Thread(target=self._run, name="kvgate-engine", daemon=True)
+        self._thread.start()
 
     async def shutdown(self) -> None:
-        raise NotImplementedError
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    # -- properties ---------------------------------------------------------------------
+
+    @property
+    def _engine(self) -> Engine:
+        assert self.core is not None, "AsyncEngine.start() has not run"
+        return self.core
+
+    @property
+    def model_id(self) -> str:
+        return self._engine.model_id
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self._engine.max_model_len
+
+    @property
+    def block_size(self) -> int:
+        return self._engine.block_size
+
+    @property
+    def clock(self) -> Clock:
+        return self._engine.clock
+
+    @property
+    def supports_tools(self) -> bool:
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        return "tools" in template
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
     ) -> str:
         """Render messages (and tools, if the template supports them) with the generation prompt."""
-        raise NotImplementedError
+        kwargs: dict[str, Any] = {"tools": tools} if tools else {}
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **kwargs
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # -- requests -----------------------------------------------------------------------
 
     def submit(
         self,
@@ -68,4 +165,101 @@ class AsyncEngine:
         request_id: str | None = None,
     ) -> RequestHandle:
         """Queue a request. Raises InvalidRequestError or EngineOverloadedError at once."""
-        raise NotImplementedError
+        engine = self._engine
+        assert self._loop is not None
+        if self._stopping:
+            raise EngineOverloadedError("the engine is shutting down")
+        engine.validate(prompt_token_ids, params, cache)
+        rid = request_id or f"req-{uuid.uuid4().hex}"
+        with self._wake:
+            waiting = engine.num_waiting + sum(1 for kind, _ in self._inbox if kind == "add")
+            if waiting >= self.settings.max_waiting:
+                raise EngineOverloadedError(f"{waiting} requests are already waiting")
+            if rid in self._handles:
+                raise EngineError(f"request id {rid!r} is already in use")
+            handle = RequestHandle(rid, self, self._loop)
+            self._handles[rid] = handle
+            self._inbox.append(("add", (rid, list(prompt_token_ids), params, cache)))
+            self._wake.notify()
+        return handle
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec | None = None
+    ) -> RequestOutput:
+        """Submit and wait for the final output."""
+        return await self.submit(prompt_token_ids, params, cache or CacheSpec()).result()
+
+    def _abort(self, request_id: str) -> None:
+        with self._wake:
+            self._inbox.append(("abort", request_id))
+            self._wake.notify()
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def _run(self) -> None:
+        engine = self._engine
+        while True:
+            with self._wake:
+                while not self._inbox and not engine.has_unfinished() and not self._stopping:
+                    self._wake.wait()
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+            outputs = self._apply(engine, inbox)
+            try:
+                outputs.extend(engine.step())
+            except Exception as exc:  # a bug must not hang every caller: fail what is in flight
+                log.exception("engine_step_failed")
+                outputs.extend(self._fail_all(engine, f"engine error: {exc}"))
+            if outputs:
+                self._dispatch(outputs)
+        outputs = [o for rid in list(self._handles) if (o := engine.abort(rid)) is not None]
+        self._dispatch(outputs)
+
+    def _apply(self, engine: Engine, inbox: list[tuple[str, Any]]) -> list[StepOutput]:
+        outputs: list[StepOutput] = []
+        for kind, payload in inbox:
+            if kind == "add":
+                rid, prompt, params, cache = payload
+                try:
+                    engine.add_request(rid, prompt, params, cache)
+                except EngineError as exc:
+                    outputs.append(self._rejected(rid, prompt, str(exc)))
+            else:
+                out = engine.abort(payload)
+                if out is not None:
+                    outputs.append(out)
+        return outputs
+
+    @staticmethod
+    def _rejected(request_id: str, prompt: list[int], message: str) -> StepOutput:
+        usage = Usage(prompt_tokens=len(prompt), cached_tokens=0, cache_write_tokens=0, completion_tokens=0)
+        output = RequestOutput(
+            request_id=request_id,
+            prompt_token_ids=tuple(prompt),
+            token_ids=(),
+            text="",
+            finish_reason="error",
+            usage=usage,
+            error=message,
+        )
+        return StepOutput(request_id, (), "", finished=output)
+
+    def _fail_all(self, engine: Engine, message: str) -> list[StepOutput]:
+        return [
+            out
+            for rid in list(self._handles)
+            if (out := engine.abort(rid, reason="error", error=message)) is not None
+        ]
+
+    def _dispatch(self, outputs: list[StepOutput]) -> None:
+        for out in outputs:
+            if out.finished is not None:
+                handle = self._handles.pop(out.request_id, None)
+            else:
+                handle = self._handles.get(out.request_id)
+            if handle is not None:
+                loop = self._loop
+                assert loop is not None
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(handle._push, out)

@@ -1,0 +1,312 @@
+"""The synchronous engine core: requests in, one batched step at a time, token outputs out."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import torch
+
+from inference.block_pool import BlockPool
+from inference.clock import Clock, SystemClock
+from inference.detokenizer import IncrementalDetokenizer
+from inference.hashing import BlockHasher
+from inference.kv_cache_manager import KVCacheManager, commit_ttls
+from inference.model_loader import LoadedModel, load_model
+from inference.model_runner import Chunk, ModelRunner
+from inference.paged_attention import KVTensors
+from inference.request import Request, RequestStatus
+from inference.sampler import make_generator, sample
+from inference.scheduler import ScheduledChunk, Scheduler
+from inference.settings import EngineSettings
+from inference.types import (
+    CacheSpec,
+    FinishReason,
+    InvalidRequestError,
+    RequestOutput,
+    SamplingParams,
+    Usage,
+)
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step produced for one request: new tokens and text, and the result once finished."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    text: str
+    finished: RequestOutput | None = None
+
+
+@dataclass(eq=False)
+class _Tracked:
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    generator: torch.Generator | None
+    max_tokens: int
+    eos_token_ids: frozenset[int]
+    stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+
+
+class Engine:
+    def __init__(
+        self, settings: EngineSettings, *, clock: Clock | None = None, loaded: LoadedModel | None = None
+    ) -> None:
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.loaded = loaded or load_model(settings)
+        cfg = self.loaded.model.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.block_size = settings.block_size
+        per_block = KVTensors.bytes_per_block(
+            num_layers=cfg.num_hidden_layers,
+            block_size=self.block_size,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=head_dim,
+            dtype=self.loaded.dtype,
+        )
+        num_blocks = int(settings.kv_cache_gib * 2**30) // per_block
+        if num_blocks < 2:
+            raise ValueError(f"KVGATE_KV_CACHE_GIB={settings.kv_cache_gib} holds fewer than 2 blocks")
+        self.kv_tensors = KVTensors(
+            num_layers=cfg.num_hidden_layers,
+            num_blocks=num_blocks,
+            block_size=self.block_size,
+            num_kv_heads=cfg.num_key_value_heads,
+            head_dim=head_dim,
+            dtype=self.loaded.dtype,
+            device=self.loaded.device,
+        )
+        self.pool = BlockPool(num_blocks)
+        self.hasher = BlockHasher(
+            model_id=self.loaded.model_id, block_size=self.block_size, algo=settings.hash_algo
+        )
+        self.kv = KVCacheManager(pool=self.pool, hasher=self.hasher, clock=self.clock)
+        self.scheduler = Scheduler(
+            kv=self.kv,
+            max_num_seqs=settings.max_num_seqs,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+        )
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors)
+        self.vocab_size = int(cfg.vocab_size)
+        self._tracked: dict[str, _Tracked] = {}
+        self.ttfts: list[float] = []  # drained by the metrics exporter
+        log.info(
+            "engine_ready",
+            model=self.model_id,
+            dtype=str(self.loaded.dtype),
+            device=str(self.loaded.device),
+            kv_blocks=num_blocks,
+            block_size=self.block_size,
+        )
+
+    @property
+    def model_id(self) -> str:
+        return self.loaded.model_id
+
+    @property
+    def tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
+        return self.loaded.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return self.loaded.max_model_len
+
+    # -- requests ------------------------------------------------------------------------
+
+    def validate(self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec) -> None:
+        """Raise InvalidRequestError for a request that can never be served."""
+        n = len(prompt_token_ids)
+        if n == 0:
+            raise InvalidRequestError("the prompt is empty")
+        if n >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {n} tokens; this model's context is {self.max_model_len} tokens"
+            )
+        if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if params.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be at least 1")
+        if params.temperature < 0:
+            raise InvalidRequestError("temperature must be >= 0")
+        if not 0 < params.top_p <= 1:
+            raise InvalidRequestError("top_p must be in (0, 1]")
+        if params.top_k < 0:
+            raise InvalidRequestError("top_k must be >= 0")
+        for region in cache.regions or ():
+            if region.end < 0 or region.ttl_s <= 0:
+                raise InvalidRequestError("cache regions need end >= 0 and ttl_s > 0")
+        needed = self.kv.blocks_needed(n + 1)
+        if needed > self.pool.num_blocks:
+            raise InvalidRequestError(
+                f"the prompt needs {needed} KV blocks; the cache holds {self.pool.num_blocks}"
+            )
+
+    def add_request(
+        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec
+    ) -> None:
+        if request_id in self._tracked:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        self.validate(prompt_token_ids, params, cache)
+        prompt = list(prompt_token_ids)
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=prompt,
+            params=params,
+            cache=cache,
+            arrival_time=time.monotonic(),
+            block_size=self.block_size,
+            block_hashes=self.hasher.hash_blocks(prompt, cache.salt),
+            commit_ttls=commit_ttls(
+                num_prompt_tokens=len(prompt),
+                block_size=self.block_size,
+                cache=cache,
+                default_ttl_s=self.settings.default_ttl_s,
+            ),
+        )
+        self._tracked[request_id] = _Tracked(
+            request=request,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop),
+            generator=make_generator(params, self.loaded.device),
+            max_tokens=min(params.max_tokens, self.max_model_len - len(prompt)),
+            eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.loaded.eos_token_ids),
+            stop_token_ids=frozenset(params.stop_token_ids),
+        )
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str, reason: FinishReason = "cancelled", error: str | None = None) -> StepOutput | None:
+        """Stop a request now; it keeps what it committed and reports its usage so far."""
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            return None
+        return self._finish(tracked, reason, error=error)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._tracked)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    # -- stepping ------------------------------------------------------------------------
+
+    def step(self) -> list[StepOutput]:
+        """Schedule, run one forward pass, sample, and report what changed."""
+        scheduled = self.scheduler.schedule()
+        if not scheduled:
+            return []
+        chunks = [self._chunk(s) for s in scheduled]
+        logits = self.runner.execute(chunks)
+        sampling: list[_Tracked] = []
+        for s, chunk in zip(scheduled, chunks, strict=True):
+            request = s.request
+            request.num_computed_tokens = chunk.end
+            self.kv.commit_computed(request)
+            if chunk.sample:
+                sampling.append(self._tracked[request.request_id])
+        if not sampling:
+            return []
+        tokens = sample(
+            logits, [t.request.params for t in sampling], [t.generator for t in sampling]
+        )
+        return [self._append_token(t, token) for t, token in zip(sampling, tokens, strict=True)]
+
+    def _chunk(self, scheduled: ScheduledChunk) -> Chunk:
+        request = scheduled.request
+        start = request.num_computed_tokens
+        end = start + scheduled.num_tokens
+        return Chunk(
+            token_ids=request.token_slice(start, end),
+            start=start,
+            slots=self.kv.slot_ids(request, start, end),
+            block_ids=[b.block_id for b in request.blocks[: self.kv.blocks_needed(end)]],
+            sample=end == request.num_tokens,
+        )
+
+    def _append_token(self, tracked: _Tracked, token: int) -> StepOutput:
+        request = tracked.request
+        request.output_token_ids.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = time.monotonic()
+            self.ttfts.append(request.first_token_time - request.arrival_time)
+        detok = tracked.detokenizer
+        detok.add(token)
+        reason: FinishReason | None = None
+        if token in tracked.eos_token_ids or token in tracked.stop_token_ids or detok.stop_sequence:
+            reason = "stop"
+        elif len(request.output_token_ids) >= tracked.max_tokens or request.num_tokens >= self.max_model_len:
+            reason = "length"
+        if reason is not None:
+            return self._finish(tracked, reason, new_token=token)
+        return StepOutput(request.request_id, (token,), detok.take_delta(final=False))
+
+    def _finish(
+        self,
+        tracked: _Tracked,
+        reason: FinishReason,
+        *,
+        new_token: int | None = None,
+        error: str | None = None,
+    ) -> StepOutput:
+        request = tracked.request
+        if request.status is not RequestStatus.FINISHED:
+            self.scheduler.finish(request)
+        del self._tracked[request.request_id]
+        delta = tracked.detokenizer.take_delta(final=True)
+        now = time.monotonic()
+        output = RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            token_ids=tuple(request.output_token_ids),
+            text=tracked.detokenizer.text,
+            finish_reason=reason,
+            usage=self._usage(request),
+            stop_sequence=tracked.detokenizer.stop_sequence,
+            ttft_s=None if request.first_token_time is None else request.first_token_time - request.arrival_time,
+            latency_s=now - request.arrival_time,
+            error=error,
+        )
+        new_tokens = () if new_token is None else (new_token,)
+        return StepOutput(request.request_id, new_tokens, delta, finished=output)
+
+    @staticmethod
+    def _usage(request: Request) -> Usage:
+        cached = request.num_cached_tokens or 0
+        writes = sum(request.write_tokens_by_ttl.values())
+        assert cached + writes <= request.num_prompt_tokens, "a prompt token counted twice"
+        return Usage(
+            prompt_tokens=request.num_prompt_tokens,
+            cached_tokens=cached,
+            cache_write_tokens=writes,
+            completion_tokens=len(request.output_token_ids),
+            cached_tokens_by_tier=request.cached_by_tier,
+            cache_write_tokens_by_ttl=dict(request.write_tokens_by_ttl),
+        )
+
+    # -- convenience for tests and benchmarks --------------------------------------------
+
+    def generate(
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec | None = None,
+        request_id: str | None = None,
+    ) -> RequestOutput:
+        """Run one request to completion (other queued requests step along with it)."""
+        rid = request_id or f"gen-{time.monotonic_ns()}"
+        self.add_request(rid, prompt_token_ids, params, cache or CacheSpec())
+        while True:
+            for out in self.step():
+                if out.request_id == rid and out.finished is not None:
+                    return out.finished

@@ -1,0 +1,130 @@
+"""Per-request use of the block pool: prefix hits, slot allocation, commits, and the cache accounting."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from inference.block_pool import BlockPool, KVBlock
+from inference.clock import Clock
+from inference.hashing import BlockHasher
+from inference.request import Request
+from inference.types import CacheSpec, TierCounts
+
+
+def commit_ttls(
+    *, num_prompt_tokens: int, block_size: int, cache: CacheSpec, default_ttl_s: int
+) -> list[int]:
+    """The TTL of each block this prompt may commit, from block 0.
+
+    Only full blocks before the last region's end are committed, and never the block
+    holding the last prompt token (it is always recomputed for the first logits). A
+    block gets the longest TTL of the regions that cover it whole.
+    """
+    max_blocks = (num_prompt_tokens - 1) // block_size
+    if cache.regions is None:
+        return [default_ttl_s] * max_blocks
+    ttls = []
+    for j in range(max_blocks):
+        end = (j + 1) * block_size
+        covering = [r.ttl_s for r in cache.regions if r.end >= end]
+        if not covering:
+            break
+        ttls.append(max(covering))
+    return ttls
+
+
+class KVCacheManager:
+    def __init__(self, *, pool: BlockPool, hasher: BlockHasher, clock: Clock) -> None:
+        self.pool = pool
+        self.hasher = hasher
+        self.clock = clock
+        self.block_size = hasher.block_size
+        # Prometheus-style counters, in tokens, as vLLM's prefix_cache_queries/hits.
+        self.num_query_tokens = 0
+        self.num_hit_tokens = 0
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def find_hits(self, request: Request) -> list[KVBlock]:
+        """The longest run of live cached blocks matching the request's leading blocks."""
+        now = self.clock.now()
+        limit = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
+        bs = self.block_size
+        hits: list[KVBlock] = []
+        for j in range(limit):
+            block = self.pool.get_cached(
+                request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], now
+            )
+            if block is None:
+                break
+            hits.append(block)
+        return hits
+
+    def admit(self, request: Request, hits: list[KVBlock], num_new_tokens: int) -> bool:
+        """Take the request's prefix hits (from find_hits) and blocks for its first chunk.
+
+        False, changing nothing, when the pool cannot hold the chunk. num_new_tokens
+        counts from the end of the hits.
+        """
+        assert not request.blocks and request.num_computed_tokens == 0
+        num_hit_tokens = len(hits) * self.block_size
+        needed = self.blocks_needed(num_hit_tokens + num_new_tokens) - len(hits)
+        free_after_touch = self.pool.num_free - sum(1 for b in hits if b.ref_count == 0)
+        if needed > free_after_touch:
+            return False
+        now = self.clock.now()
+        ttls = [request.commit_ttls[j] if j < len(request.commit_ttls) else 0 for j in range(len(hits))]
+        self.pool.touch(hits, ttls, now)
+        request.blocks = [*hits, *self.pool.allocate(needed, now)]
+        request.num_computed_tokens = num_hit_tokens
+        request.num_committed_blocks = len(hits)
+        if request.num_cached_tokens is None:
+            # Reads are counted once, at the first admission: these are the tokens whose
+            # prefill this request really skipped. Re-admissions after preemption are ours.
+            request.num_cached_tokens = num_hit_tokens
+            request.cached_by_tier = TierCounts(device=num_hit_tokens)
+            request.num_accounted_blocks = len(hits)
+            self.num_query_tokens += request.num_prompt_tokens
+            self.num_hit_tokens += num_hit_tokens
+        return True
+
+    def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
+        """Grow the request's blocks to hold num_new_tokens more tokens; False if the pool is short."""
+        needed = self.blocks_needed(request.num_computed_tokens + num_new_tokens) - len(request.blocks)
+        if needed <= 0:
+            return True
+        if needed > self.pool.num_free:
+            return False
+        request.blocks.extend(self.pool.allocate(needed, self.clock.now()))
+        return True
+
+    def commit_computed(self, request: Request) -> None:
+        """Commit the committable full blocks whose KV is now computed, and count the new writes."""
+        bs = self.block_size
+        upto = min(len(request.commit_ttls), request.num_computed_tokens // bs)
+        now = self.clock.now()
+        for j in range(request.num_committed_blocks, upto):
+            ttl = request.commit_ttls[j]
+            tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
+            committed = self.pool.commit(request.blocks[j], request.block_hashes[j], tokens, ttl, now)
+            # A block recomputed after a preemption was already counted the first time.
+            if committed and j >= request.num_accounted_blocks:
+                request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs
+        request.num_committed_blocks = max(request.num_committed_blocks, upto)
+        request.num_accounted_blocks = max(request.num_accounted_blocks, upto)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks; committed ones stay cached for later hits."""
+        self.pool.release(request.blocks, self.clock.now())
+        request.blocks = []
+
+    def slot_ids(self, request: Request, start: int, end: int) -> list[int]:
+        """Flat pool slots (block_id * block_size + offset) of positions [start, end)."""
+        bs = self.block_size
+        blocks = request.blocks
+        return [blocks[p // bs].block_id * bs + p % bs for p in range(start, end)]
+
+    @staticmethod
+    def block_ids(blocks: Sequence[KVBlock]) -> list[int]:
+        return [b.block_id for b in blocks]

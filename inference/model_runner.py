@@ -1,0 +1,77 @@
+"""Runs one packed forward pass of a transformers model over the paged KV cache."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Positions [start, end) of one sequence to compute, with their token ids and pool slots.
+
+    block_ids cover positions [0, end); sample says whether the last position's logits are needed.
+    """
+
+    token_ids: Sequence[int]
+    start: int
+    slots: Sequence[int]
+    block_ids: Sequence[int]
+    sample: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, kv: KVTensors) -> None:
+        self.model = model
+        self.kv = kv
+        self.device = next(model.parameters()).device
+        _use_paged_attention(model)
+
+    @torch.inference_mode()
+    def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
+        """Compute the chunks' KV into the pool; return float32 logits for the chunks that sample."""
+        dev = self.device
+        ids, positions, slots, seqs, sample_rows = [], [], [], [], []
+        q = 0
+        for chunk in chunks:
+            n = len(chunk.token_ids)
+            ids.extend(chunk.token_ids)
+            positions.extend(range(chunk.start, chunk.end))
+            slots.extend(chunk.slots)
+            block_ids = torch.tensor(chunk.block_ids, dtype=torch.long, device=dev)
+            seqs.append(SeqSlice(q_start=q, q_end=q + n, pos_start=chunk.start, block_ids=block_ids))
+            q += n
+            if chunk.sample:
+                sample_rows.append(q - 1)
+        batch = AttentionBatch(
+            kv=self.kv,
+            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            seqs=tuple(seqs),
+        )
+        hidden = self.model.model(
+            input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+            position_ids=torch.tensor([positions], dtype=torch.long, device=dev),
+            use_cache=False,
+            kv_batch=batch,
+        ).last_hidden_state[0]
+        if not sample_rows:
+            return hidden.new_empty(0, 0, dtype=torch.float32)
+        # Only the rows that sample go through the LM head: it is the widest matmul of the model.
+        rows = hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)]
+        return self.model.lm_head(rows).float()
+
+
+def _use_paged_attention(model: torch.nn.Module) -> None:
+    model.config._attn_implementation = ATTN_IMPLEMENTATION
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation"):
+            config._attn_implementation = ATTN_IMPLEMENTATION
