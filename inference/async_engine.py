@@ -143,14 +143,10 @@ class AsyncEngine:
         template = getattr(self.tokenizer, "chat_template", None) or ""
         return "tools" in template
 
-    def apply_chat_template(
-        self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
-    ) -> str:
+    def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None) -> str:
         """Render messages (and tools, if the template supports them) with the generation prompt."""
         kwargs: dict[str, Any] = {"tools": tools} if tools else {}
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, **kwargs
-        )
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -247,9 +243,7 @@ class AsyncEngine:
 
     def _fail_all(self, engine: Engine, message: str) -> list[StepOutput]:
         return [
-            out
-            for rid in list(self._handles)
-            if (out := engine.abort(rid, reason="error", error=message)) is not None
+            out for rid in list(self._handles) if (out := engine.abort(rid, reason="error", error=message)) is not None
         ]
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:

@@ -173,9 +173,7 @@ class BlockPool:
             out.append(block)
         return out
 
-    def commit(
-        self, block: KVBlock, block_hash: BlockHash, token_ids: Sequence[int], ttl_s: int, now: float
-    ) -> bool:
+    def commit(self, block: KVBlock, block_hash: BlockHash, token_ids: Sequence[int], ttl_s: int, now: float) -> bool:
         """Register a computed full block under its hash. False if that hash is already live elsewhere."""
         assert block.ref_count > 0 and block.block_hash is None
         other = self.cached.get(block_hash)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import structlog
@@ -85,9 +85,7 @@ class Engine:
             device=self.loaded.device,
         )
         self.pool = BlockPool(num_blocks)
-        self.hasher = BlockHasher(
-            model_id=self.loaded.model_id, block_size=self.block_size, algo=settings.hash_algo
-        )
+        self.hasher = BlockHasher(model_id=self.loaded.model_id, block_size=self.block_size, algo=settings.hash_algo)
         self.kv = KVCacheManager(pool=self.pool, hasher=self.hasher, clock=self.clock)
         self.scheduler = Scheduler(
             kv=self.kv,
@@ -97,6 +95,8 @@ class Engine:
         self.runner = ModelRunner(self.loaded.model, self.kv_tensors)
         self.vocab_size = int(cfg.vocab_size)
         self._tracked: dict[str, _Tracked] = {}
+        # Tests hook this to see the float32 logits each sampled token came from.
+        self.logits_observer: Callable[[list[str], torch.Tensor], None] | None = None
         self.ttfts: list[float] = []  # drained by the metrics exporter
         log.info(
             "engine_ready",
@@ -112,7 +112,7 @@ class Engine:
         return self.loaded.model_id
 
     @property
-    def tokenizer(self):  # noqa: ANN201 - a transformers tokenizer
+    def tokenizer(self):
         return self.loaded.tokenizer
 
     @property
@@ -127,9 +127,7 @@ class Engine:
         if n == 0:
             raise InvalidRequestError("the prompt is empty")
         if n >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {n} tokens; this model's context is {self.max_model_len} tokens"
-            )
+            raise InvalidRequestError(f"the prompt has {n} tokens; this model's context is {self.max_model_len} tokens")
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
         if params.max_tokens < 1:
@@ -145,9 +143,7 @@ class Engine:
                 raise InvalidRequestError("cache regions need end >= 0 and ttl_s > 0")
         needed = self.kv.blocks_needed(n + 1)
         if needed > self.pool.num_blocks:
-            raise InvalidRequestError(
-                f"the prompt needs {needed} KV blocks; the cache holds {self.pool.num_blocks}"
-            )
+            raise InvalidRequestError(f"the prompt needs {needed} KV blocks; the cache holds {self.pool.num_blocks}")
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec
@@ -217,9 +213,9 @@ class Engine:
                 sampling.append(self._tracked[request.request_id])
         if not sampling:
             return []
-        tokens = sample(
-            logits, [t.request.params for t in sampling], [t.generator for t in sampling]
-        )
+        if self.logits_observer is not None:
+            self.logits_observer([t.request.request_id for t in sampling], logits)
+        tokens = sample(logits, [t.request.params for t in sampling], [t.generator for t in sampling])
         return [self._append_token(t, token) for t, token in zip(sampling, tokens, strict=True)]
 
     def _chunk(self, scheduled: ScheduledChunk) -> Chunk:

@@ -11,9 +11,7 @@ from inference.request import Request
 from inference.types import CacheSpec, TierCounts
 
 
-def commit_ttls(
-    *, num_prompt_tokens: int, block_size: int, cache: CacheSpec, default_ttl_s: int
-) -> list[int]:
+def commit_ttls(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, default_ttl_s: int) -> list[int]:
     """The TTL of each block this prompt may commit, from block 0.
 
     Only full blocks before the last region's end are committed, and never the block
@@ -53,9 +51,7 @@ class KVCacheManager:
         bs = self.block_size
         hits: list[KVBlock] = []
         for j in range(limit):
-            block = self.pool.get_cached(
-                request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], now
-            )
+            block = self.pool.get_cached(request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], now)
             if block is None:
                 break
             hits.append(block)
