@@ -103,6 +103,9 @@ class Spool:
     def claimed_files(self) -> list[Path]:
         return sorted(self.path.parent.glob(self.path.name + ".replay-*"))
 
+    def has_pending(self) -> bool:
+        return (self.path.exists() and self.path.stat().st_size > 0) or bool(self.claimed_files())
+
     def pending(self) -> int:
         """Records waiting for replay (live file plus claimed files)."""
         count = 0
@@ -136,7 +139,7 @@ class Spool:
                 for start in range(0, len(good), batch_size):
                     applied += await apply(good[start : start + batch_size])
                 if bad:
-                    self._set_aside(bad)
+                    self._set_aside_lines(bad)
                     log.error("spool.corrupt_lines", file=str(file), count=len(bad))
                 file.unlink()
                 _fsync_dir(file.parent)
@@ -160,7 +163,16 @@ class Spool:
         finally:
             os.close(fd)
 
-    def _set_aside(self, lines: list[bytes]) -> None:
+    def set_aside(self, records: list[dict[str, Any]], reason: str) -> None:
+        """Keep records the database refused in `<name>.rejected` for a person to look at."""
+        path = self.path.with_name(self.path.name + ".rejected")
+        with path.open("ab") as fh:
+            for record in records:
+                fh.write(encode_line({"reason": reason, "record": record}))
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def _set_aside_lines(self, lines: list[bytes]) -> None:
         corrupt_path = self.path.with_name(self.path.name + ".corrupt")
         with corrupt_path.open("ab") as fh:
             for line in lines:

@@ -1,0 +1,367 @@
+"""Spend limits: per-tenant monthly limits, prepaid credit, per-key monthly limits.
+
+Admission reserves the request's worst-case cost against every counter that has
+a limit, with one conditional UPDATE per counter:
+
+    UPDATE budget_counters SET reserved = reserved + r
+    WHERE <counter> AND spent + reserved + r <= limit
+
+The row lock that UPDATE takes serializes concurrent admissions on a counter, so
+spent + reserved never passes the limit; since a reservation bounds its request's
+cost, settled spend never passes it either. Settlement releases the reservation
+and adds the real cost in the same transaction that writes the ledger entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
+from billing.periods import month_start, period_key
+from kvgate.db import insert_ignore, utcnow
+
+TENANT_MONTH = "tenant_month"
+KEY_MONTH = "key_month"
+TENANT_CREDIT = "tenant_credit"
+ALL_TIME = "all"
+
+
+class BudgetError(ValueError):
+    pass
+
+
+class BudgetExceededError(Exception):
+    """Admitting the request could overrun a limit; nothing was reserved."""
+
+    def __init__(self, *, scope: str, limit_pico: int, spent_pico: int, reserved_pico: int, needed_pico: int):
+        self.scope = scope
+        self.limit_pico = limit_pico
+        self.spent_pico = spent_pico
+        self.reserved_pico = reserved_pico
+        self.needed_pico = needed_pico
+        what = {
+            TENANT_MONTH: "the monthly spend limit",
+            KEY_MONTH: "this API key's monthly spend limit",
+            TENANT_CREDIT: "the prepaid credit balance",
+        }[scope]
+        super().__init__(f"This request could exceed {what}; raise the limit or add credit to continue.")
+
+
+@dataclass(frozen=True)
+class CounterKey:
+    scope: str
+    owner_id: str
+    period: str
+
+
+@dataclass(frozen=True)
+class Reservation:
+    request_id: str
+    amount_pico: int
+    counters: tuple[CounterKey, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits that apply to one request: (counter, limit in pico) pairs."""
+
+    checks: tuple[tuple[CounterKey, int], ...]
+
+
+@dataclass(frozen=True)
+class CounterState:
+    scope: str
+    period: str
+    limit_pico: int | None
+    spent_pico: int
+    reserved_pico: int
+
+    @property
+    def remaining_pico(self) -> int | None:
+        return None if self.limit_pico is None else self.limit_pico - self.spent_pico - self.reserved_pico
+
+
+@dataclass(frozen=True)
+class BudgetStatus:
+    tenant_id: str
+    monthly_limit_pico: int | None
+    prepaid: bool
+    credit_granted_pico: int
+    month: CounterState
+    credit: CounterState
+
+
+async def set_tenant_budget(
+    *,
+    session: AsyncSession,
+    tenant_id: str,
+    monthly_limit_pico: int | None,
+    prepaid: bool | None = None,
+) -> TenantBudget:
+    if monthly_limit_pico is not None and monthly_limit_pico < 0:
+        raise BudgetError("monthly limit must not be negative")
+    await insert_ignore(
+        session,
+        TenantBudget,
+        {"tenant_id": tenant_id, "prepaid": False, "credit_granted_pico": 0, "updated_at": utcnow()},
+        ["tenant_id"],
+    )
+    values: dict[str, object] = {"monthly_limit_pico": monthly_limit_pico, "updated_at": utcnow()}
+    if prepaid is not None:
+        values["prepaid"] = prepaid
+    await session.execute(update(TenantBudget).where(TenantBudget.tenant_id == tenant_id).values(**values))
+    budget = await session.get(TenantBudget, tenant_id, populate_existing=True)
+    assert budget is not None
+    return budget
+
+
+async def set_key_budget(
+    *, session: AsyncSession, tenant_id: str, api_key_id: str, monthly_limit_pico: int | None
+) -> KeyBudget:
+    if monthly_limit_pico is not None and monthly_limit_pico < 0:
+        raise BudgetError("monthly limit must not be negative")
+    await insert_ignore(
+        session,
+        KeyBudget,
+        {
+            "api_key_id": api_key_id,
+            "tenant_id": tenant_id,
+            "monthly_limit_pico": None,
+            "updated_at": utcnow(),
+        },
+        ["api_key_id"],
+    )
+    await session.execute(
+        update(KeyBudget)
+        .where(KeyBudget.api_key_id == api_key_id)
+        .values(monthly_limit_pico=monthly_limit_pico, updated_at=utcnow())
+    )
+    budget = await session.get(KeyBudget, api_key_id, populate_existing=True)
+    assert budget is not None
+    return budget
+
+
+async def grant_credit(
+    *, session: AsyncSession, tenant_id: str, amount_pico: int, note: str, idempotency_key: str | None = None
+) -> tuple[CreditGrant, bool]:
+    """Add prepaid credit; with an idempotency key a repeated grant is returned, not added again."""
+    if amount_pico <= 0:
+        raise BudgetError("a credit grant must be positive")
+    if idempotency_key is not None:
+        existing = await session.scalar(select(CreditGrant).where(CreditGrant.idempotency_key == idempotency_key))
+        if existing is not None:
+            if existing.tenant_id != tenant_id or existing.amount_pico != amount_pico:
+                raise BudgetError("idempotency key already used for a different grant")
+            return existing, False
+    await set_tenant_budget_defaults(session=session, tenant_id=tenant_id)
+    grant = CreditGrant(tenant_id=tenant_id, amount_pico=amount_pico, note=note[:500], idempotency_key=idempotency_key)
+    session.add(grant)
+    await session.flush()
+    await session.execute(
+        update(TenantBudget)
+        .where(TenantBudget.tenant_id == tenant_id)
+        .values(credit_granted_pico=TenantBudget.credit_granted_pico + amount_pico, updated_at=utcnow())
+    )
+    return grant, True
+
+
+async def set_tenant_budget_defaults(*, session: AsyncSession, tenant_id: str) -> None:
+    await insert_ignore(
+        session,
+        TenantBudget,
+        {"tenant_id": tenant_id, "prepaid": False, "credit_granted_pico": 0, "updated_at": utcnow()},
+        ["tenant_id"],
+    )
+
+
+async def limits_for(*, session: AsyncSession, tenant_id: str, api_key_id: str | None, month: date) -> Limits:
+    checks: list[tuple[CounterKey, int]] = []
+    budget = await session.get(TenantBudget, tenant_id)
+    if budget is not None:
+        if budget.monthly_limit_pico is not None:
+            checks.append((CounterKey(TENANT_MONTH, tenant_id, period_key(month)), budget.monthly_limit_pico))
+        if budget.prepaid:
+            checks.append((CounterKey(TENANT_CREDIT, tenant_id, ALL_TIME), budget.credit_granted_pico))
+    if api_key_id is not None:
+        key_budget = await session.get(KeyBudget, api_key_id)
+        if key_budget is not None and key_budget.monthly_limit_pico is not None:
+            checks.append((CounterKey(KEY_MONTH, api_key_id, period_key(month)), key_budget.monthly_limit_pico))
+    # One lock order for every transaction, so concurrent admissions cannot deadlock.
+    return Limits(checks=tuple(sorted(checks, key=lambda c: (c[0].scope, c[0].owner_id, c[0].period))))
+
+
+async def reserve(
+    *,
+    session: AsyncSession,
+    request_id: str,
+    tenant_id: str,
+    api_key_id: str | None,
+    amount_pico: int,
+    now: datetime | None = None,
+) -> Reservation | None:
+    """Hold `amount_pico` against every limited counter, or raise BudgetExceededError.
+
+    Returns None when no limit applies (nothing to hold). On refusal the caller must
+    roll back, undoing holds already taken on other counters. Caller commits.
+    """
+    if amount_pico < 0:
+        raise BudgetError("a reservation must not be negative")
+    now = now or utcnow()
+    month = month_start(now)
+    limits = await limits_for(session=session, tenant_id=tenant_id, api_key_id=api_key_id, month=month)
+    if not limits.checks:
+        return None
+    for counter, limit in limits.checks:
+        await _ensure_counter(session, counter)
+        row = _counter_row(counter)
+        result = await session.execute(
+            update(BudgetCounter)
+            .where(row, BudgetCounter.spent_pico + BudgetCounter.reserved_pico + amount_pico <= limit)
+            .values(reserved_pico=BudgetCounter.reserved_pico + amount_pico)
+        )
+        if result.rowcount != 1:  # type: ignore[attr-defined]
+            state = await session.scalar(select(BudgetCounter).where(row))
+            assert state is not None
+            raise BudgetExceededError(
+                scope=counter.scope,
+                limit_pico=limit,
+                spent_pico=state.spent_pico,
+                reserved_pico=state.reserved_pico,
+                needed_pico=amount_pico,
+            )
+    counters = tuple(counter for counter, _ in limits.checks)
+    session.add(
+        BudgetReservation(
+            request_id=request_id,
+            tenant_id=tenant_id,
+            api_key_id=api_key_id,
+            period=period_key(month),
+            amount_pico=amount_pico,
+            scopes=",".join(c.scope for c in counters),
+            created_at=now,
+        )
+    )
+    await session.flush()
+    return Reservation(request_id=request_id, amount_pico=amount_pico, counters=counters)
+
+
+async def release(*, session: AsyncSession, request_id: str) -> int:
+    """Drop a request's reservation (if any) from its counters; returns the amount released."""
+    reservation = await session.scalar(
+        select(BudgetReservation).where(BudgetReservation.request_id == request_id).with_for_update()
+    )
+    if reservation is None:
+        return 0
+    deleted = await session.execute(delete(BudgetReservation).where(BudgetReservation.request_id == request_id))
+    if deleted.rowcount != 1:  # type: ignore[attr-defined]
+        return 0  # another transaction released it first
+    for counter in _reservation_counters(reservation):
+        await session.execute(
+            update(BudgetCounter)
+            .where(_counter_row(counter))
+            .values(reserved_pico=BudgetCounter.reserved_pico - reservation.amount_pico)
+        )
+    return reservation.amount_pico
+
+
+async def add_spend(
+    *, session: AsyncSession, tenant_id: str, api_key_id: str | None, billing_month: date, cost_pico: int
+) -> None:
+    """Count settled spend on every counter of the tenant and key, limited or not.
+
+    Counting always (not only under a limit) means a limit set mid-month starts
+    from the month's real spend.
+    """
+    if cost_pico == 0:
+        return
+    counters = [
+        CounterKey(TENANT_MONTH, tenant_id, period_key(billing_month)),
+        CounterKey(TENANT_CREDIT, tenant_id, ALL_TIME),
+    ]
+    if api_key_id is not None:
+        counters.append(CounterKey(KEY_MONTH, api_key_id, period_key(billing_month)))
+    for counter in sorted(counters, key=lambda c: (c.scope, c.owner_id, c.period)):
+        await _ensure_counter(session, counter)
+        await session.execute(
+            update(BudgetCounter).where(_counter_row(counter)).values(spent_pico=BudgetCounter.spent_pico + cost_pico)
+        )
+
+
+async def stale_reservations(*, session: AsyncSession, older_than: timedelta, now: datetime | None = None) -> list[str]:
+    cutoff = (now or utcnow()) - older_than
+    return list(
+        (await session.scalars(select(BudgetReservation.request_id).where(BudgetReservation.created_at < cutoff))).all()
+    )
+
+
+async def budget_status(*, session: AsyncSession, tenant_id: str, now: datetime | None = None) -> BudgetStatus:
+    month = period_key(month_start(now or utcnow()))
+    budget = await session.get(TenantBudget, tenant_id)
+    limit = budget.monthly_limit_pico if budget else None
+    prepaid = bool(budget and budget.prepaid)
+    granted = budget.credit_granted_pico if budget else 0
+    month_row = await session.scalar(
+        select(BudgetCounter).where(_counter_row(CounterKey(TENANT_MONTH, tenant_id, month)))
+    )
+    credit_row = await session.scalar(
+        select(BudgetCounter).where(_counter_row(CounterKey(TENANT_CREDIT, tenant_id, ALL_TIME)))
+    )
+    return BudgetStatus(
+        tenant_id=tenant_id,
+        monthly_limit_pico=limit,
+        prepaid=prepaid,
+        credit_granted_pico=granted,
+        month=_state(TENANT_MONTH, month, limit, month_row),
+        credit=_state(TENANT_CREDIT, ALL_TIME, granted if prepaid else None, credit_row),
+    )
+
+
+def _state(scope: str, period: str, limit: int | None, row: BudgetCounter | None) -> CounterState:
+    return CounterState(
+        scope=scope,
+        period=period,
+        limit_pico=limit,
+        spent_pico=row.spent_pico if row else 0,
+        reserved_pico=row.reserved_pico if row else 0,
+    )
+
+
+def _reservation_counters(reservation: BudgetReservation) -> list[CounterKey]:
+    owners = {
+        TENANT_MONTH: reservation.tenant_id,
+        TENANT_CREDIT: reservation.tenant_id,
+        KEY_MONTH: reservation.api_key_id,
+    }
+    periods = {TENANT_MONTH: reservation.period, KEY_MONTH: reservation.period, TENANT_CREDIT: ALL_TIME}
+    scopes = [s for s in reservation.scopes.split(",") if s]
+    return sorted(
+        (CounterKey(s, owners[s] or "", periods[s]) for s in scopes),
+        key=lambda c: (c.scope, c.owner_id, c.period),
+    )
+
+
+async def _ensure_counter(session: AsyncSession, counter: CounterKey) -> None:
+    await insert_ignore(
+        session,
+        BudgetCounter,
+        {
+            "scope": counter.scope,
+            "owner_id": counter.owner_id,
+            "period": counter.period,
+            "spent_pico": 0,
+            "reserved_pico": 0,
+        },
+        ["scope", "owner_id", "period"],
+    )
+
+
+def _counter_row(counter: CounterKey):  # type: ignore[no-untyped-def]
+    return (
+        (BudgetCounter.scope == counter.scope)
+        & (BudgetCounter.owner_id == counter.owner_id)
+        & (BudgetCounter.period == counter.period)
+    )

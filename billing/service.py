@@ -1,0 +1,304 @@
+"""BillingService: what the gateway calls per request (admit, settle) and the background upkeep.
+
+It prices from an in-memory PriceBook, so a request's cost is known even while the
+database is away; then the settlement is spooled to disk instead of written, and
+replayed (exactly once, by request id) when the database answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+from prometheus_client import Counter
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from billing import budgets, catalog
+from billing.budgets import BudgetExceededError, Reservation
+from billing.ledger import UsageCharge
+from billing.pricebook import NoPriceError, PriceBook
+from billing.prices import PriceVersion
+from billing.settings import BillingSettings
+from billing.settlement import settle_charge
+from billing.spool import ReplayResult, Spool
+from billing.tokens import TokenCounts
+from kvgate.db import utcnow
+
+log = structlog.get_logger(__name__)
+
+SPOOLED = Counter("kvgate_billing_spooled_total", "Settlements written to the local spool (database unavailable)")
+REPLAYED = Counter("kvgate_billing_replayed_total", "Spooled settlements replayed into the ledger", ["outcome"])
+FAIL_OPEN = Counter("kvgate_billing_admit_fail_open_total", "Requests admitted unchecked (database unavailable)")
+
+SPOOL_RECORD_VERSION = 1
+
+
+def is_database_unavailable(error: BaseException) -> bool:
+    """Errors that mean 'the database is not there right now' (retry later), not 'this write is wrong'."""
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(
+        error,
+        sa_exc.OperationalError
+        | sa_exc.InterfaceError
+        | sa_exc.DisconnectionError
+        | sa_exc.TimeoutError
+        | OSError
+        | TimeoutError,
+    )
+
+
+@dataclass(frozen=True)
+class SettleOutcome:
+    cost_pico: int
+    price_version_id: int
+    spooled: bool
+    duplicate: bool
+
+
+class BillingService:
+    def __init__(
+        self,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: BillingSettings,
+        pricebook: PriceBook,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> None:
+        self._sessions = sessions
+        self.settings = settings
+        self.pricebook = pricebook
+        self.spool = Spool(settings.spool_path)
+        self._clock = clock
+
+    @classmethod
+    async def start(
+        cls,
+        *,
+        sessions: async_sessionmaker[AsyncSession],
+        settings: BillingSettings,
+        seed: bool = True,
+        clock: Callable[[], datetime] = utcnow,
+    ) -> BillingService:
+        """Seed the price catalog from the TOML file and load it (the database must be up at start)."""
+        async with sessions() as session:
+            if seed:
+                from billing.prices import load_price_file
+
+                result = await catalog.seed_prices(
+                    session=session,
+                    specs=load_price_file(settings.prices_file),
+                    source=settings.prices_file.name,
+                )
+                await session.commit()
+                if result.created:
+                    log.info("billing.prices_seeded", created=len(result.created))
+            book = await catalog.load_pricebook(session=session)
+        return cls(sessions=sessions, settings=settings, pricebook=book, clock=clock)
+
+    # -- pricing -------------------------------------------------------------------
+
+    def price_for(self, model: str, at: datetime) -> PriceVersion:
+        return self.pricebook.price_for(model, at)
+
+    def allows_ttl(self, *, model: str, ttl: str, at: datetime | None = None) -> bool:
+        try:
+            return ttl in self.price_for(model, at or self._clock()).ttl_classes
+        except NoPriceError:
+            return False
+
+    def estimate_pico(self, *, model: str, prompt_tokens: int, max_output_tokens: int, at: datetime) -> int:
+        """Upper bound on a request's cost: every prompt token at the dearest write rate, all output."""
+        rates = self.price_for(model, at).rates
+        prompt_rates = (rates.input, rates.cache_write_5m, rates.cache_write_1h, rates.cache_write_24h)
+        dearest = max(rate for rate in prompt_rates if rate is not None)
+        return max(0, prompt_tokens) * dearest + max(0, max_output_tokens) * rates.output
+
+    async def refresh_prices(self) -> None:
+        async with self._sessions() as session:
+            self.pricebook = await catalog.load_pricebook(session=session)
+
+    # -- per request -----------------------------------------------------------------
+
+    async def admit(
+        self,
+        *,
+        request_id: str,
+        tenant_id: str,
+        api_key_id: str | None,
+        model: str,
+        prompt_tokens: int,
+        max_output_tokens: int,
+    ) -> Reservation | None:
+        """Reserve the worst case, or raise BudgetExceededError before the engine runs."""
+        now = self._clock()
+        amount = self.estimate_pico(
+            model=model, prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, at=now
+        )
+        try:
+            async with self._sessions() as session:
+                try:
+                    reservation = await budgets.reserve(
+                        session=session,
+                        request_id=request_id,
+                        tenant_id=tenant_id,
+                        api_key_id=api_key_id,
+                        amount_pico=amount,
+                        now=now,
+                    )
+                except BudgetExceededError:
+                    await session.rollback()
+                    raise
+                await session.commit()
+                return reservation
+        except BudgetExceededError:
+            raise
+        except Exception as error:
+            if not (is_database_unavailable(error) and self.settings.budget_fail_open):
+                raise
+            FAIL_OPEN.inc()
+            log.warning("billing.admit_fail_open", request_id=request_id, error=str(error))
+            return None
+
+    async def settle(self, charge: UsageCharge) -> SettleOutcome:
+        """Write the ledger entry and settle the budget; spool it if the database is away."""
+        version = self.price_for(charge.model, charge.started_at)
+        try:
+            async with self._sessions() as session:
+                settlement = await settle_charge(
+                    session=session, charge=charge, version=version, source="live", now=self._clock()
+                )
+                await session.commit()
+        except Exception as error:
+            if not is_database_unavailable(error):
+                raise
+            await asyncio.to_thread(self.spool.append, spool_record(charge, version))
+            SPOOLED.inc()
+            log.warning("billing.settlement_spooled", request_id=charge.request_id, error=str(error))
+            cost = version.cost_pico(charge.counts)
+            return SettleOutcome(cost_pico=cost, price_version_id=version.id, spooled=True, duplicate=False)
+        return SettleOutcome(
+            cost_pico=settlement.cost_pico,
+            price_version_id=version.id,
+            spooled=False,
+            duplicate=not settlement.inserted,
+        )
+
+    # -- spool -----------------------------------------------------------------------
+
+    async def replay_spool(self) -> ReplayResult:
+        return await self.spool.replay(self._apply_spooled)
+
+    async def _apply_spooled(self, records: list[dict[str, Any]]) -> int:
+        """Settle a batch in one transaction. A record the database refuses (not merely an outage)
+        is set aside in the spool's .rejected file rather than retried forever."""
+        try:
+            return await self._apply_batch(records)
+        except Exception as error:
+            if is_database_unavailable(error):
+                raise
+            if len(records) > 1:  # isolate the bad record(s), apply the rest
+                return sum([await self._apply_spooled([record]) for record in records])
+            await asyncio.to_thread(self.spool.set_aside, records, repr(error))
+            REPLAYED.labels(outcome="rejected").inc()
+            log.error("billing.spool_record_rejected", record=records[0], error=repr(error))
+            return 0
+
+    async def _apply_batch(self, records: list[dict[str, Any]]) -> int:
+        applied = 0
+        async with self._sessions() as session:
+            for record in records:
+                charge, version_id = parse_spool_record(record)
+                version = await self._version_by_id(version_id)
+                settlement = await settle_charge(
+                    session=session, charge=charge, version=version, source="spool", now=self._clock()
+                )
+                applied += settlement.inserted
+            await session.commit()
+        REPLAYED.labels(outcome="applied").inc(applied)
+        REPLAYED.labels(outcome="duplicate").inc(len(records) - applied)
+        return applied
+
+    async def _version_by_id(self, version_id: int) -> PriceVersion:
+        try:
+            return self.pricebook.by_id(version_id)
+        except NoPriceError:
+            await self.refresh_prices()  # added by another process since we loaded the catalog
+            return self.pricebook.by_id(version_id)
+
+    # -- upkeep ------------------------------------------------------------------------
+
+    async def release_stale_reservations(self) -> int:
+        released = 0
+        async with self._sessions() as session:
+            stale = await budgets.stale_reservations(
+                session=session,
+                older_than=timedelta(seconds=self.settings.reservation_timeout_s),
+                now=self._clock(),
+            )
+            for request_id in stale:
+                released += bool(await budgets.release(session=session, request_id=request_id))
+            await session.commit()
+        return released
+
+    async def run_upkeep(self, stop: asyncio.Event) -> None:
+        """Background loop: replay the spool, reload prices, release stale reservations."""
+        last_refresh = asyncio.get_running_loop().time()
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.spool_replay_interval_s)
+            try:
+                if self.spool.has_pending():
+                    result = await self.replay_spool()
+                    if result.records:
+                        log.info("billing.spool_replayed", **asdict(result))
+                now = asyncio.get_running_loop().time()
+                if now - last_refresh >= self.settings.price_refresh_interval_s:
+                    await self.refresh_prices()
+                    await self.release_stale_reservations()
+                    last_refresh = now
+            except Exception as error:  # the loop must outlive a database outage
+                level = log.info if is_database_unavailable(error) else log.exception
+                level("billing.upkeep_failed", error=str(error))
+
+
+def spool_record(charge: UsageCharge, version: PriceVersion) -> dict[str, Any]:
+    return {
+        "v": SPOOL_RECORD_VERSION,
+        "kind": "settlement",
+        "price_version_id": version.id,
+        "request_id": charge.request_id,
+        "tenant_id": charge.tenant_id,
+        "api_key_id": charge.api_key_id,
+        "model": charge.model,
+        "endpoint": charge.endpoint,
+        "status": charge.status,
+        "started_at": charge.started_at.isoformat(),
+        "counts": asdict(charge.counts),
+        "ttft_ms": charge.ttft_ms,
+        "latency_ms": charge.latency_ms,
+    }
+
+
+def parse_spool_record(record: dict[str, Any]) -> tuple[UsageCharge, int]:
+    if record.get("v") != SPOOL_RECORD_VERSION or record.get("kind") != "settlement":
+        raise ValueError(f"unknown spool record {record.get('kind')!r} v{record.get('v')!r}")
+    charge = UsageCharge(
+        request_id=record["request_id"],
+        tenant_id=record["tenant_id"],
+        api_key_id=record["api_key_id"],
+        model=record["model"],
+        endpoint=record["endpoint"],
+        status=record["status"],
+        started_at=datetime.fromisoformat(record["started_at"]),
+        counts=TokenCounts(**record["counts"]),
+        ttft_ms=record["ttft_ms"],
+        latency_ms=record["latency_ms"],
+    )
+    return charge, int(record["price_version_id"])

@@ -1,0 +1,46 @@
+"""Billing settings, read from KVGATE_* environment variables (STRIPE_API_KEY as Stripe names it)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import AliasChoices, Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from billing.prices import DEFAULT_PRICE_FILE
+
+
+class BillingSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore", populate_by_name=True)
+
+    prices_file: Path = Field(DEFAULT_PRICE_FILE, description="TOML price catalog seeded into the database.")
+    spool_path: Path = Field(
+        Path(".kvgate/usage-spool.jsonl"),
+        description="Local fsynced file for usage the database could not take; replayed when it returns.",
+    )
+    spool_replay_interval_s: float = Field(5.0, gt=0, description="How often to retry replaying the spool.")
+    price_refresh_interval_s: float = Field(60.0, gt=0, description="How often to reload the price catalog.")
+    invoice_grace_days: int = Field(
+        3, ge=0, description="Days after a month ends before its invoices are finalized (late records)."
+    )
+    invoice_number_prefix: str = Field("KVG", min_length=1, max_length=12, pattern=r"^[A-Z0-9]+$")
+    seller_name: str = Field("kvgate", description="Who the invoices are from.")
+    reservation_timeout_s: float = Field(
+        3600.0, gt=0, description="A reservation not settled by then (a crashed request) is released."
+    )
+    budget_fail_open: bool = Field(
+        True,
+        description="Admit requests when the database cannot be reached to check budgets (usage is spooled).",
+    )
+    stripe_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("STRIPE_API_KEY", "KVGATE_STRIPE_API_KEY")
+    )
+    stripe_api_base: str | None = Field(None, description="Override Stripe's API address (localstripe in tests).")
+    stripe_webhook_secret: SecretStr | None = Field(None, description="Endpoint secret for /webhooks/stripe.")
+    stripe_currency: str = Field("usd", pattern=r"^[a-z]{3}$")
+
+
+@lru_cache
+def get_billing_settings() -> BillingSettings:
+    return BillingSettings()

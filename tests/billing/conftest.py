@@ -1,0 +1,116 @@
+"""Billing test fixtures: a migrated throwaway database on SQLite and on PostgreSQL.
+
+Every test that takes `sessions` runs once per backend. PostgreSQL is skipped only
+when nothing answers at 127.0.0.1:5432; each test session creates its own database
+there and drops it at the end. Tests isolate by creating their own tenants, since
+the ledger's triggers forbid deleting rows.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from billing import catalog
+from billing.pricebook import PriceBook
+from billing.prices import PriceSpec
+from gateway.models import ApiKey, Tenant
+from kvgate.db import create_engine, migrate, session_factory
+
+PG_ADMIN_DSN = os.environ.get("KVGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
+PG_URL_BASE = os.environ.get("KVGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _pg_admin():  # type: ignore[no-untyped-def]
+    import psycopg
+
+    return psycopg.connect(PG_ADMIN_DSN, connect_timeout=3, autocommit=True)
+
+
+def pg_reachable() -> bool:
+    try:
+        _pg_admin().close()
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    if not pg_reachable():
+        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
+    name = f"kvgate_billing_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with _pg_admin() as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        url = f"{PG_URL_BASE}/{name}"
+        migrate(url)
+        yield url
+    finally:
+        with _pg_admin() as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path: Path = tmp_path_factory.mktemp("billing-db") / "billing.db"
+    url = f"sqlite:///{path}"
+    migrate(url)
+    return url
+
+
+@pytest.fixture(scope="session", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db_url(request: pytest.FixtureRequest) -> str:
+    return request.getfixturevalue(f"{request.param}_url")
+
+
+@pytest.fixture(scope="session")
+async def sessions(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    engine = create_engine(db_url)
+    try:
+        yield session_factory(engine)
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture(scope="session")
+async def pricebook(sessions: async_sessionmaker[AsyncSession]) -> PriceBook:
+    """Test prices: 'm-test' at $3/$15 per Mtok (24h writes at 1.5x), and a '*' fallback."""
+    specs = [
+        PriceSpec(
+            model="m-test",
+            effective_from=T0,
+            input_usd_per_mtok=Decimal(3),
+            output_usd_per_mtok=Decimal(15),
+            cache_write_24h_multiplier=Decimal("1.5"),
+        ),
+        PriceSpec(model="*", effective_from=T0, input_usd_per_mtok=Decimal(1), output_usd_per_mtok=Decimal(2)),
+    ]
+    async with sessions() as session:
+        await catalog.seed_prices(session=session, specs=specs, source="tests")
+        await session.commit()
+        return await catalog.load_pricebook(session=session)
+
+
+async def make_tenant(sessions: async_sessionmaker[AsyncSession], *, keys: int = 1) -> tuple[str, list[str]]:
+    """A fresh tenant (and keys) for one test; ids are unique so tests never share rows."""
+    tenant_id = f"ten_{uuid.uuid4().hex[:16]}"
+    key_ids = [f"key_{uuid.uuid4().hex[:16]}" for _ in range(keys)]
+    async with sessions() as session:
+        session.add(Tenant(id=tenant_id, name=f"Tenant {tenant_id[-4:]}", status="active"))
+        await session.flush()
+        for key_id in key_ids:
+            session.add(
+                ApiKey(id=key_id, tenant_id=tenant_id, name="test", key_hash=uuid.uuid4().hex * 2, prefix="kvg-test")
+            )
+        await session.commit()
+    return tenant_id, key_ids
