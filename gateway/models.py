@@ -53,6 +53,8 @@ class UsageRecord(Base):
     input_tokens: Mapped[int] = mapped_column(BigInteger)
     cache_write_5m_tokens: Mapped[int] = mapped_column(BigInteger)
     cache_write_1h_tokens: Mapped[int] = mapped_column(BigInteger)
+    # OpenAI's 24h retention; always 0 unless billing prices that TTL class.
+    cache_write_24h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_read_tokens: Mapped[int] = mapped_column(BigInteger)
     output_tokens: Mapped[int] = mapped_column(BigInteger)
     ttft_ms: Mapped[int | None] = mapped_column(Integer)

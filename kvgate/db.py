@@ -141,3 +141,16 @@ def migrate(url: str, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(alembic_config(url), revision)
+
+
+async def insert_ignore(
+    session: AsyncSession, model: type[Base], values: dict[str, Any], conflict_columns: list[str]
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING on SQLite and PostgreSQL; True if a row was inserted."""
+    if session.bind is not None and session.bind.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    statement = insert(model).values(**values).on_conflict_do_nothing(index_elements=conflict_columns)
+    result = await session.execute(statement)
+    return bool(result.rowcount)  # type: ignore[attr-defined]

@@ -59,6 +59,7 @@ def upgrade() -> None:
         sa.Column("input_tokens", sa.BigInteger(), nullable=False),
         sa.Column("cache_write_5m_tokens", sa.BigInteger(), nullable=False),
         sa.Column("cache_write_1h_tokens", sa.BigInteger(), nullable=False),
+        sa.Column("cache_write_24h_tokens", sa.BigInteger(), nullable=False),
         sa.Column("cache_read_tokens", sa.BigInteger(), nullable=False),
         sa.Column("output_tokens", sa.BigInteger(), nullable=False),
         sa.Column("ttft_ms", sa.Integer(), nullable=True),

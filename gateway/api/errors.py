@@ -1,0 +1,105 @@
+"""Errors as each API spells them, and the exception handlers that produce them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+
+from gateway.errors import (
+    GatewayError,
+    InvalidRequestError,
+    NotFoundError,
+    anthropic_body,
+    openai_body,
+    openai_status,
+)
+
+Dialect = Literal["anthropic", "openai"]
+
+_OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses")
+
+
+def dialect_for(path: str, headers: Mapping[str, str]) -> Dialect:
+    """Which API's error shape a request expects: by route, and for /v1/models by its headers."""
+    if path.startswith(_OPENAI_PREFIXES):
+        return "openai"
+    if path.startswith("/v1/models") and "anthropic-version" not in headers:
+        return "openai"
+    return "anthropic"
+
+
+def render_error(error: GatewayError, *, dialect: Dialect, request_id: str | None) -> Response:
+    if dialect == "openai":
+        return JSONResponse(openai_body(error), status_code=openai_status(error), headers=error.headers)
+    return JSONResponse(anthropic_body(error, request_id), status_code=error.status, headers=error.headers)
+
+
+def _request_id(request: Request) -> str | None:
+    return request.scope.get("state", {}).get("request_id")
+
+
+def _respond(request: Request, error: GatewayError) -> Response:
+    log = request.scope.get("state", {}).get("log")
+    if isinstance(log, dict):
+        log["error_type"] = error.anthropic_type
+    return render_error(error, dialect=dialect_for(request.url.path, request.headers), request_id=_request_id(request))
+
+
+def _describe_loc(loc: tuple[Any, ...]) -> str:
+    parts: list[str] = []
+    previous: Any = None
+    for item in loc:
+        # Drop pydantic's union-member labels ("str", "list[...]", discriminator tags).
+        skip = isinstance(item, str) and (
+            "[" in item
+            or item in ("str", "int", "float", "bool", "none")
+            or (isinstance(previous, int) and item in ("other",))
+        )
+        if not skip:
+            parts.append(str(item))
+        previous = item
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One readable message for pydantic's errors: the most specific one first."""
+    if not errors:
+        return "invalid request", None
+    for error in errors:
+        if error.get("type") == "json_invalid":
+            return f"the request body is not valid JSON: {error.get('ctx', {}).get('error', '')}".rstrip(": "), None
+    best = max(errors, key=lambda e: len(e.get("loc", ())))
+    if tuple(best.get("loc", ())) == ("body",):
+        return "the request body must be a JSON object", None
+    where = _describe_loc(tuple(best.get("loc", ())))
+    message = f"{where}: {best.get('msg')}" if where else str(best.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    return message, where or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+        return _respond(request, exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        message, param = validation_message(list(exc.errors()))
+        return _respond(request, InvalidRequestError(message, param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            error: GatewayError = NotFoundError(f"not found: {request.method} {request.url.path}")
+        else:
+            error = InvalidRequestError(str(exc.detail), headers=dict(exc.headers or {}))
+            error.status = exc.status_code
+        return _respond(request, error)

@@ -1,0 +1,99 @@
+"""Per-request context: request id, body-size limit, catch-all errors, one canonical log line."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import structlog
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gateway.api.errors import dialect_for, render_error
+from gateway.errors import ApiError, GatewayError, RequestTooLargeError
+from kvgate.db import utcnow
+
+log = structlog.get_logger("kvgate.request")
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+def new_request_id() -> str:
+    return "req_" + secrets.token_hex(12)
+
+
+class RequestContextMiddleware:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id()
+        fields: dict[str, object] = {}
+        state = scope.setdefault("state", {})
+        state.update(request_id=request_id, t0=time.perf_counter(), started_at=utcnow(), log=fields)
+        headers = Headers(scope=scope)
+        path: str = scope["path"]
+        status = 500
+        started = False
+        too_large = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                started = True
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (b"request-id", request_id.encode())]
+            await send(message)
+
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    too_large = True
+                    raise _BodyTooLarge
+            return message
+
+        async def app_send(message: Message) -> None:
+            # The framework turns a failed body read into its own 400; the 413 wins.
+            if not too_large:
+                await send_with_id(message)
+
+        async def fail(error: GatewayError) -> None:
+            fields["error_type"] = error.anthropic_type
+            response = render_error(error, dialect=dialect_for(path, headers), request_id=request_id)
+            await response(scope, receive, send_with_id)
+
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            try:
+                declared = headers.get("content-length")
+                if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+                    raise _BodyTooLarge
+                await self.app(scope, limited_receive, app_send)
+                if too_large:
+                    raise _BodyTooLarge
+            except _BodyTooLarge:
+                if not started:
+                    await fail(RequestTooLargeError(f"request body exceeds {self.max_body_bytes} bytes"))
+            except Exception:
+                log.exception("unhandled_error", path=path)
+                if not started:
+                    await fail(ApiError("Internal server error"))
+            finally:
+                log.info(
+                    "request",
+                    method=scope["method"],
+                    path=path,
+                    status=status,
+                    duration_ms=round((time.perf_counter() - state["t0"]) * 1000, 2),
+                    **fields,
+                )

@@ -1,0 +1,114 @@
+"""The FastAPI application: routers, middleware, and a lifespan that wires the gateway together."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.api.errors import install_error_handlers
+from gateway.api.main import api_router
+from gateway.api.middleware import RequestContextMiddleware
+from gateway.billing_hooks import BillingHooks, NoBilling
+from gateway.engine import Engine
+from gateway.prompt import PromptRenderer
+from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
+from gateway.services.server_state import ensure_admin_token, ensure_secret
+from gateway.settings import GatewaySettings
+from gateway.state import Gateway
+from gateway.usage import DatabaseUsageRecorder, UsageRecorder
+from kvgate import __version__
+from kvgate.db import create_engine, session_factory
+
+# Billing plugs in by defining create_billing_hooks(*, sessions, settings) -> BillingHooks here.
+BILLING_HOOKS_MODULE = "billing.hooks"
+
+EngineFactory = Callable[[], Engine]
+
+
+def _default_engine() -> Engine:
+    from inference.async_engine import AsyncEngine
+
+    return AsyncEngine.from_settings()
+
+
+def _discover_billing(sessions: async_sessionmaker[AsyncSession], settings: GatewaySettings) -> BillingHooks:
+    try:
+        module = importlib.import_module(BILLING_HOOKS_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (BILLING_HOOKS_MODULE, BILLING_HOOKS_MODULE.split(".")[0]):
+            raise
+        return NoBilling()
+    return module.create_billing_hooks(sessions=sessions, settings=settings)
+
+
+def create_app(
+    settings: GatewaySettings | None = None,
+    *,
+    engine_factory: EngineFactory = _default_engine,
+    billing: BillingHooks | None = None,
+    recorder: UsageRecorder | None = None,
+    limiter: RateLimiter | None = None,
+) -> FastAPI:
+    """The gateway app. The engine is built and started by the lifespan, in the serving loop.
+
+    The database must already be migrated (`kvgate serve` does it first).
+    """
+    settings = settings or GatewaySettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        db = create_engine(settings.database_url)
+        sessions = session_factory(db)
+        async with sessions() as session:
+            secret = await ensure_secret(
+                session, configured=settings.secret.get_secret_value() if settings.secret else None
+            )
+            admin, new_token = await ensure_admin_token(
+                session, configured=settings.admin_token.get_secret_value() if settings.admin_token else None
+            )
+        if new_token:
+            print(
+                f"\nGenerated the admin token (shown once; only its hash is stored):\n  {new_token}\n"
+                "Use it as `Authorization: Bearer <token>` on /admin/v1, or set KVGATE_ADMIN_TOKEN.\n",
+                file=sys.stderr,
+                flush=True,
+            )
+        engine = engine_factory()
+        await engine.start()
+        rate_limiter = limiter or (RedisRateLimiter(settings.redis_url) if settings.redis_url else MemoryRateLimiter())
+        gw = Gateway(
+            settings=settings,
+            engine=engine,
+            renderer=PromptRenderer(apply_chat_template=engine.apply_chat_template, tokenizer=engine.tokenizer),
+            sessions=sessions,
+            limiter=rate_limiter,
+            recorder=recorder or DatabaseUsageRecorder(sessions),
+            billing=billing or _discover_billing(sessions, settings),
+            secret=secret,
+            admin=admin,
+        )
+        app.state.gateway = gw
+        try:
+            yield
+        finally:
+            await gw.drain()
+            await engine.shutdown()
+            if isinstance(rate_limiter, RedisRateLimiter):
+                await rate_limiter.close()
+            await db.dispose()
+
+    app = FastAPI(
+        title="kvgate",
+        version=__version__,
+        description="A multi-tenant prompt-caching LLM gateway: Anthropic Messages and OpenAI Chat Completions.",
+        lifespan=lifespan,
+    )
+    app.include_router(api_router)
+    install_error_handlers(app)
+    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_request_bytes)
+    return app

@@ -1,0 +1,55 @@
+"""The seam through which billing admits requests before the engine runs and settles them after.
+
+app.state.billing holds an object with this shape; the default admits everything
+and settles nothing. Billing installs its own (see docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Protocol
+
+from gateway.usage import Endpoint, UsageEvent
+
+# The TTL classes every deployment offers; others (OpenAI's 24h retention) only when
+# billing's price catalog prices them.
+STANDARD_TTLS_S = frozenset({300, 3600})
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request about to run: the worst case it may cost is prompt_tokens in, max_output_tokens out."""
+
+    request_id: str
+    tenant_id: str
+    api_key_id: str
+    model: str
+    endpoint: Endpoint
+    prompt_tokens: int
+    max_output_tokens: int
+
+
+class BillingHooks(Protocol):
+    async def admit(self, admission: Admission) -> None:
+        """Raise gateway.errors.BillingError (402) to refuse the request before it runs."""
+        ...
+
+    async def settle(self, event: UsageEvent) -> Decimal | None:
+        """Charge a recorded request; the cost in USD (shown to the client) or None."""
+        ...
+
+    def allows_ttl(self, *, model: str, ttl_s: int) -> bool:
+        """Whether a cache TTL class beyond STANDARD_TTLS_S is priced and may be used."""
+        ...
+
+
+class NoBilling:
+    async def admit(self, admission: Admission) -> None:
+        return None
+
+    async def settle(self, event: UsageEvent) -> Decimal | None:
+        return None
+
+    def allows_ttl(self, *, model: str, ttl_s: int) -> bool:
+        return ttl_s in STANDARD_TTLS_S

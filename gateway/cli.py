@@ -1,0 +1,166 @@
+"""`kvgate serve`, `kvgate tenants ...`, `kvgate keys ...`: the gateway's commands.
+
+tenants and keys work directly on the database (migrating it first), so they need
+no running server and no admin token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+from gateway.errors import GatewayError
+from gateway.settings import GatewaySettings
+from kvgate.db import migrate, open_database, utcnow
+
+
+def register(subparsers: Any) -> None:
+    serve = subparsers.add_parser("serve", help="run the gateway with the embedded engine")
+    serve.add_argument("--host", help="default KVGATE_HOST or 127.0.0.1")
+    serve.add_argument("--port", type=int, help="default KVGATE_PORT or 8080")
+    serve.set_defaults(handler=cmd_serve)
+
+    tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
+    create = tenants.add_parser("create", help="create a tenant")
+    create.add_argument("name")
+    create.set_defaults(handler=_db_command(_tenants_create))
+    tenants.add_parser("list", help="list tenants").set_defaults(handler=_db_command(_tenants_list))
+    for action, suspended in (("suspend", True), ("activate", False)):
+        sub = tenants.add_parser(action, help=f"{action} a tenant")
+        sub.add_argument("tenant_id")
+        sub.set_defaults(handler=_db_command(_tenants_set_status(suspended)))
+
+    keys = subparsers.add_parser("keys", help="manage API keys").add_subparsers(dest="action", required=True)
+    create = keys.add_parser("create", help="issue an API key for a tenant (shown once)")
+    create.add_argument("tenant_id")
+    create.add_argument("--name", default="default")
+    create.add_argument("--expires-in-days", type=float, help="expire the key after this many days")
+    create.add_argument("--requests-per-minute", type=int)
+    create.add_argument("--input-tokens-per-minute", type=int)
+    create.set_defaults(handler=_db_command(_keys_create))
+    revoke = keys.add_parser("revoke", help="revoke an API key")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(handler=_db_command(_keys_revoke))
+    listing = keys.add_parser("list", help="list a tenant's API keys")
+    listing.add_argument("tenant_id")
+    listing.set_defaults(handler=_db_command(_keys_list))
+
+
+def _db_command(action: Callable[[Any, argparse.Namespace], Awaitable[None]]) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        url = GatewaySettings().database_url
+        migrate(url)
+
+        async def run() -> None:
+            async with open_database(url) as sessions, sessions() as session:
+                await action(session, args)
+
+        try:
+            asyncio.run(run())
+        except GatewayError as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            return 1
+        return 0
+
+    return handler
+
+
+async def _tenants_create(session: Any, args: argparse.Namespace) -> None:
+    from gateway.services.tenants import create_tenant
+
+    tenant = await create_tenant(session, name=args.name)
+    print(f"created tenant {tenant.id} ({tenant.name})")
+    print(f"next: kvgate keys create {tenant.id}")
+
+
+async def _tenants_list(session: Any, args: argparse.Namespace) -> None:
+    from gateway.services.tenants import list_tenants
+
+    for tenant in await list_tenants(session):
+        print(f"{tenant.id}\t{tenant.status}\t{tenant.name}")
+
+
+def _tenants_set_status(suspended: bool) -> Callable[[Any, argparse.Namespace], Awaitable[None]]:
+    async def action(session: Any, args: argparse.Namespace) -> None:
+        from gateway.services.tenants import set_tenant_status
+
+        tenant = await set_tenant_status(session, tenant_id=args.tenant_id, suspended=suspended)
+        print(f"tenant {tenant.id} is {tenant.status}")
+
+    return action
+
+
+async def _keys_create(session: Any, args: argparse.Namespace) -> None:
+    from gateway.services.keys import create_key
+
+    expires_at = utcnow() + timedelta(days=args.expires_in_days) if args.expires_in_days else None
+    key, plaintext = await create_key(
+        session,
+        tenant_id=args.tenant_id,
+        name=args.name,
+        expires_at=expires_at,
+        requests_per_minute=args.requests_per_minute,
+        input_tokens_per_minute=args.input_tokens_per_minute,
+    )
+    print(f"created key {key.id} for tenant {key.tenant_id}. The key is shown only this once:")
+    print(plaintext)
+
+
+async def _keys_revoke(session: Any, args: argparse.Namespace) -> None:
+    from gateway.services.keys import revoke_key
+
+    key = await revoke_key(session, key_id=args.key_id)
+    print(f"revoked key {key.id} ({key.prefix}...)")
+
+
+async def _keys_list(session: Any, args: argparse.Namespace) -> None:
+    from gateway.services.keys import list_keys
+
+    for key in await list_keys(session, tenant_id=args.tenant_id):
+        state = "revoked" if key.revoked_at else "active"
+        last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
+        print(f"{key.id}\t{key.prefix}...\t{state}\t{key.name}\tlast used {last_used}")
+
+
+async def _has_tenants(url: str) -> bool:
+    from sqlalchemy import func, select
+
+    from gateway.models import Tenant
+
+    async with open_database(url) as sessions, sessions() as session:
+        return bool(await session.scalar(select(func.count()).select_from(Tenant)))
+
+
+FIRST_START = """
+kvgate: no tenants yet. Create one and a key for it:
+
+  kvgate tenants create my-team
+  kvgate keys create <tenant id printed above>
+
+then point an SDK at http://{host}:{port}:
+
+  anthropic.Anthropic(base_url="http://{host}:{port}", api_key="kvg-...")
+  openai.OpenAI(base_url="http://{host}:{port}/v1", api_key="kvg-...")
+
+(The admin API under /admin/v1 does the same over HTTP.)
+"""
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from kvgate.logs import configure_logging
+
+    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
+    settings = GatewaySettings(**overrides)
+    configure_logging(settings.log_level)
+    migrate(settings.database_url)
+    if not asyncio.run(_has_tenants(settings.database_url)):
+        print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None, access_log=False)
+    return 0

@@ -1,0 +1,295 @@
+"""One request's trip through the engine: admission, submission, and the bookkeeping when it ends.
+
+Both APIs call start_generation() with a rendered prompt and cache regions, then
+either stream the handle's deltas or await its result. finish() turns the engine's
+final counts into the usage record, billing's settlement and the rate-limit
+settlement, exactly once per request, even when the client went away mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+import structlog
+
+from gateway.billing_hooks import Admission
+from gateway.engine import Handle
+from gateway.errors import InvalidRequestError, OverloadedError, RateLimitError
+from gateway.prompt import RenderedPrompt
+from gateway.ratelimit import Decision, Limits
+from gateway.security import tenant_salt
+from gateway.services.keys import Principal
+from gateway.state import Gateway
+from gateway.usage import Endpoint, UsageEvent, UsageStatus
+from inference.types import (
+    CacheRegion,
+    CacheSpec,
+    EngineOverloadedError,
+    RequestOutput,
+    SamplingParams,
+    Usage,
+)
+from inference.types import InvalidRequestError as EngineInvalidRequest
+
+log = structlog.get_logger("kvgate.gateway")
+
+TTL_5M, TTL_1H, TTL_24H = 300, 3600, 86400
+OVERLOADED_RETRY_S = 1.0
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """Per-request facts the middleware and auth established."""
+
+    request_id: str
+    principal: Principal
+    started_at: datetime
+    t0: float  # perf_counter at arrival
+    log: dict[str, Any] = field(default_factory=dict)  # extra fields for the request's log line
+
+
+@dataclass(frozen=True)
+class TokenCounts:
+    """The engine's counts, split the way both APIs and billing report them."""
+
+    input: int
+    write_5m: int
+    write_1h: int
+    write_24h: int
+    read: int
+    output: int
+
+    @classmethod
+    def from_usage(cls, usage: Usage) -> TokenCounts:
+        by_ttl = usage.cache_write_tokens_by_ttl
+        write_1h = by_ttl.get(TTL_1H, 0)
+        write_24h = by_ttl.get(TTL_24H, 0)
+        return cls(
+            input=usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens,
+            # Any other TTL the engine used is its default (5m) class.
+            write_5m=usage.cache_write_tokens - write_1h - write_24h,
+            write_1h=write_1h,
+            write_24h=write_24h,
+            read=usage.cached_tokens,
+            output=usage.completion_tokens,
+        )
+
+    @property
+    def writes(self) -> int:
+        return self.write_5m + self.write_1h + self.write_24h
+
+    @property
+    def prompt(self) -> int:
+        return self.input + self.writes + self.read
+
+
+@dataclass(frozen=True)
+class Finished:
+    output: RequestOutput
+    counts: TokenCounts
+    status: UsageStatus
+    cost_usd: Decimal | None
+
+
+def output_budget(gw: Gateway, *, prompt_tokens: int, requested: int | None) -> int:
+    """max_tokens clipped to the context left after the prompt; 400 if there is none."""
+    limit = gw.engine.max_model_len
+    room = limit - prompt_tokens
+    if room <= 0:
+        raise InvalidRequestError(f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
+    return room if requested is None else min(requested, room)
+
+
+class Generation:
+    def __init__(
+        self,
+        gw: Gateway,
+        *,
+        ctx: RequestContext,
+        model: str,
+        endpoint: Endpoint,
+        handle: Handle,
+        prompt_tokens: int,
+        limits: Limits,
+        reserved_input: int,
+        decision: Decision | None,
+        submitted_at: float,
+    ) -> None:
+        self.gw = gw
+        self.ctx = ctx
+        self.model = model
+        self.endpoint = endpoint
+        self.handle = handle
+        self.prompt_tokens = prompt_tokens
+        self.limits = limits
+        self.reserved_input = reserved_input
+        self.decision = decision
+        self.submitted_at = submitted_at
+        self._bookkeeping_task: asyncio.Task[Finished] | None = None
+
+    @property
+    def rate_limit_headers(self) -> dict[str, str]:
+        return self.decision.headers() if self.decision else {}
+
+    def early_counts(self) -> TokenCounts:
+        """The prompt-side counts as soon as prefill is done (for a stream's first event)."""
+        usage = getattr(self.handle, "prompt_usage", None)
+        if usage is not None:
+            return TokenCounts.from_usage(usage)
+        return TokenCounts(input=self.prompt_tokens, write_5m=0, write_1h=0, write_24h=0, read=0, output=0)
+
+    async def complete(self) -> Finished:
+        """Wait for the engine's result and do the bookkeeping (non-streaming path)."""
+        try:
+            output = await self.handle.result()
+        except asyncio.CancelledError:
+            self.abandon()
+            raise
+        return await self.finish(output)
+
+    def abandon(self) -> None:
+        """The client went away: stop generating and record what was done, in the background."""
+        if self._bookkeeping_task is not None:
+            return
+        self.handle.cancel()
+
+        async def settle_abandoned() -> None:
+            await self.finish(await self.handle.result())
+
+        self.gw.spawn(settle_abandoned())
+
+    async def finish(self, output: RequestOutput) -> Finished:
+        if self._bookkeeping_task is None:
+            self._bookkeeping_task = self.gw.spawn(self._bookkeeping(output))
+        # Shielded: a caller cancelled now must not leave the request unrecorded.
+        return await asyncio.shield(self._bookkeeping_task)
+
+    async def _bookkeeping(self, output: RequestOutput) -> Finished:
+        counts = TokenCounts.from_usage(output.usage)
+        status: UsageStatus = {"cancelled": "cancelled", "error": "error"}.get(output.finish_reason, "ok")  # type: ignore[assignment]
+        now = time.perf_counter()
+        ttft_ms = None
+        if output.ttft_s is not None:
+            ttft_ms = round((self.submitted_at - self.ctx.t0 + output.ttft_s) * 1000)
+        event = UsageEvent(
+            request_id=self.ctx.request_id,
+            tenant_id=self.ctx.principal.tenant_id,
+            api_key_id=self.ctx.principal.api_key_id,
+            model=self.model,
+            endpoint=self.endpoint,
+            started_at=self.ctx.started_at,
+            input_tokens=counts.input,
+            cache_write_5m_tokens=counts.write_5m,
+            cache_write_1h_tokens=counts.write_1h,
+            cache_write_24h_tokens=counts.write_24h,
+            cache_read_tokens=counts.read,
+            output_tokens=counts.output,
+            ttft_ms=ttft_ms,
+            latency_ms=round((now - self.ctx.t0) * 1000),
+            status=status,
+        )
+        cost: Decimal | None = None
+        try:
+            if await self.gw.recorder.record(event):
+                cost = await self.gw.billing.settle(event)
+        except Exception:
+            log.exception("usage_record_failed", request_id=event.request_id)
+        if self.limits.input_tokens_per_minute is not None:
+            try:
+                # Cache reads do not count toward the input-token limit.
+                await self.gw.limiter.adjust(
+                    key_id=self.ctx.principal.api_key_id,
+                    limits=self.limits,
+                    requests=0,
+                    input_tokens=self.reserved_input - (counts.prompt - counts.read),
+                )
+            except Exception:
+                log.exception("rate_limit_settle_failed", request_id=event.request_id)
+        self.ctx.log.update(
+            status_detail=status,
+            prompt_tokens=counts.prompt,
+            input_tokens=counts.input,
+            cache_read_tokens=counts.read,
+            cache_write_tokens=counts.writes,
+            output_tokens=counts.output,
+            ttft_ms=ttft_ms,
+        )
+        return Finished(output=output, counts=counts, status=status, cost_usd=cost)
+
+
+async def start_generation(
+    gw: Gateway,
+    *,
+    ctx: RequestContext,
+    model: str,
+    endpoint: Endpoint,
+    prompt: RenderedPrompt,
+    regions: tuple[CacheRegion, ...],
+    sampling: SamplingParams,
+    client_salt: str | None,
+) -> Generation:
+    """Admit the request (rate limits, billing) and hand it to the engine."""
+    principal = ctx.principal
+    limits = gw.limits_for(principal)
+    prompt_tokens = len(prompt.token_ids)
+    reserved_input = 0
+    decision: Decision | None = None
+    if limits.enabled:
+        if limits.input_tokens_per_minute is not None:
+            # A prompt larger than the whole bucket reserves the whole bucket; the
+            # settlement after the request charges what was really uncached.
+            reserved_input = min(prompt_tokens, limits.input_tokens_per_minute)
+        decision = await gw.limiter.acquire(key_id=principal.api_key_id, limits=limits, input_tokens=reserved_input)
+        if not decision.allowed:
+            raise RateLimitError(
+                "rate limit exceeded for this API key; retry after the time in the retry-after header",
+                retry_after_s=decision.retry_after_s,
+                headers=decision.headers(),
+            )
+
+    async def refund() -> None:
+        if decision is not None:
+            await gw.limiter.adjust(key_id=principal.api_key_id, limits=limits, requests=1, input_tokens=reserved_input)
+
+    try:
+        await gw.billing.admit(
+            Admission(
+                request_id=ctx.request_id,
+                tenant_id=principal.tenant_id,
+                api_key_id=principal.api_key_id,
+                model=model,
+                endpoint=endpoint,
+                prompt_tokens=prompt_tokens,
+                max_output_tokens=sampling.max_tokens,
+            )
+        )
+        cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, client_salt), regions=regions)
+        submitted_at = time.perf_counter()
+        handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id)
+    except EngineOverloadedError as exc:
+        await refund()
+        raise OverloadedError("Overloaded", retry_after_s=OVERLOADED_RETRY_S) from exc
+    except EngineInvalidRequest as exc:
+        await refund()
+        raise InvalidRequestError(str(exc)) from exc
+    except BaseException:
+        await refund()
+        raise
+    ctx.log.update(model=model, prompt_tokens=prompt_tokens)
+    return Generation(
+        gw,
+        ctx=ctx,
+        model=model,
+        endpoint=endpoint,
+        handle=handle,
+        prompt_tokens=prompt_tokens,
+        limits=limits,
+        reserved_input=reserved_input,
+        decision=decision,
+        submitted_at=submitted_at,
+    )

@@ -1,0 +1,186 @@
+"""Render a chat with the model's template and locate cache breakpoints as token offsets.
+
+Both APIs reduce a request to a Chat: text messages, optional tools, and the blocks
+that carry a cache breakpoint. The rendered text is what the model sees; a
+breakpoint's offset is where its block's text ends in that text, converted to a
+token count through the tokenizer's offset mapping.
+
+Block ends are found with markers: a random, unguessable string is appended to each
+breakpoint block, the chat is rendered again, and the markers' positions (minus the
+markers before them) are the block ends. If the template transforms the text so
+that the marked render, stripped of markers, differs from the plain one, an offset
+falls back to where the two renders diverge, which is never past the block's end:
+caching less is safe, caching a prefix the block does not own is not.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from bisect import bisect_right
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.errors import InvalidRequestError
+
+# Text blocks of one message are joined like paragraphs.
+BLOCK_SEPARATOR = "\n\n"
+
+ApplyTemplate = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class TextPart:
+    text: str
+    ttl_s: int | None = None  # a cache breakpoint at the end of this block, if set
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str  # "system", "user" or "assistant"
+    parts: tuple[TextPart, ...]
+
+
+@dataclass(frozen=True)
+class ToolDef:
+    definition: dict[str, Any]  # the OpenAI-style function schema chat templates expect
+    ttl_s: int | None = None
+
+
+@dataclass(frozen=True)
+class Chat:
+    messages: tuple[ChatMessage, ...]
+    tools: tuple[ToolDef, ...] = ()
+
+    @property
+    def has_breakpoints(self) -> bool:
+        return any(t.ttl_s for t in self.tools) or any(p.ttl_s for m in self.messages for p in m.parts)
+
+
+@dataclass(frozen=True)
+class Breakpoint:
+    token_end: int
+    ttl_s: int
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    text: str
+    token_ids: list[int]
+    breakpoints: list[Breakpoint] = field(default_factory=list)  # in request order (tools, system, messages)
+
+
+class PromptRenderer:
+    """Renders Chats for one model: its chat template and its tokenizer."""
+
+    def __init__(self, *, apply_chat_template: ApplyTemplate, tokenizer: Any) -> None:
+        self._apply = apply_chat_template
+        self._tokenizer = tokenizer
+        self._tools_supported: bool | None = None
+
+    def supports_tools(self) -> bool:
+        if self._tools_supported is None:
+            probe = [{"role": "user", "content": "hi"}]
+            tool = _dummy_tool("kvgate_probe")
+            self._tools_supported = self._apply(probe, tools=[tool]) != self._apply(probe)
+        return self._tools_supported
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def render(self, chat: Chat) -> RenderedPrompt:
+        if chat.tools and not self.supports_tools():
+            raise InvalidRequestError("tools: this model's chat template does not support tools", param="tools")
+        if not chat.has_breakpoints:
+            text = self._render_text(chat, marker=None)
+            ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
+            return RenderedPrompt(text=text, token_ids=list(ids))
+
+        plain = self._render_text(chat, marker=None)
+        char_ends: list[tuple[int, int]] = [
+            (self._tool_end(chat, i, plain), tool.ttl_s) for i, tool in enumerate(chat.tools) if tool.ttl_s
+        ]
+        char_ends += self._block_ends(chat, plain)
+        encoding = self._tokenizer(plain, add_special_tokens=False, return_offsets_mapping=True)
+        ends = _running_max_ends(encoding["offset_mapping"])
+        breakpoints = [Breakpoint(token_end=bisect_right(ends, c), ttl_s=ttl) for c, ttl in char_ends]
+        return RenderedPrompt(text=plain, token_ids=list(encoding["input_ids"]), breakpoints=breakpoints)
+
+    def _render_text(
+        self, chat: Chat, *, marker: Callable[[int], str] | None, tools: Sequence[Any] | None = None
+    ) -> str:
+        counter = iter(range(1_000_000))
+        rendered: list[dict[str, str]] = []
+        for message in chat.messages:
+            pieces = []
+            for part in message.parts:
+                pieces.append(part.text + (marker(next(counter)) if marker and part.ttl_s else ""))
+            rendered.append({"role": message.role, "content": BLOCK_SEPARATOR.join(pieces)})
+        tool_defs = [t.definition for t in chat.tools] if tools is None else list(tools)
+        # A final assistant message is a prefill: the model continues it, so it follows
+        # the generation prompt verbatim instead of being closed as a finished turn.
+        prefill = ""
+        if rendered and rendered[-1]["role"] == "assistant":
+            prefill = rendered.pop()["content"]
+        text = self._apply(rendered, tools=tool_defs or None)
+        return text + prefill
+
+    def _block_ends(self, chat: Chat, plain: str) -> list[tuple[int, int]]:
+        ttls = [p.ttl_s for m in chat.messages for p in m.parts if p.ttl_s]
+        if not ttls:
+            return []
+        nonce = os.urandom(8).hex()
+        marked = self._render_text(chat, marker=lambda i: f"<<kvgate-bp-{nonce}-{i}>>")
+        pattern = re.compile(rf"<<kvgate-bp-{nonce}-(\d+)>>")
+        positions: dict[int, int] = {}
+        removed = 0
+        for match in pattern.finditer(marked):
+            positions.setdefault(int(match.group(1)), match.start() - removed)
+            removed += match.end() - match.start()
+        stripped = pattern.sub("", marked)
+        safe = len(plain) if stripped == plain else _common_prefix_len(stripped, plain)
+        # A template that dropped a marker dropped the block: nothing of it can be cached.
+        return [(min(positions.get(i, 0), safe), ttl) for i, ttl in enumerate(ttls)]
+
+    def _tool_end(self, chat: Chat, index: int, plain: str) -> int:
+        # Where tool `index` ends: render the tools up to it with and without one more
+        # tool after it; the renders agree exactly up to the end of tool `index`.
+        head = [t.definition for t in chat.tools[: index + 1]]
+        without_next = self._render_text(chat, marker=None, tools=head)
+        with_next = self._render_text(chat, marker=None, tools=[*head, _dummy_tool("kvgate_end_probe")])
+        end = _common_prefix_len(without_next, with_next)
+        if index + 1 < len(chat.tools):
+            end = min(end, _common_prefix_len(without_next, plain))
+        return end
+
+
+def _dummy_tool(name: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {"name": name, "description": "", "parameters": {"type": "object", "properties": {}}},
+    }
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    limit = min(len(a), len(b))
+    if a[:limit] == b[:limit]:
+        return limit
+    low, high = 0, limit  # invariant: a[:low] == b[:low], a[:high] != b[:high]
+    while high - low > 1:
+        mid = (low + high) // 2
+        if a[:mid] == b[:mid]:
+            low = mid
+        else:
+            high = mid
+    return low
+
+
+def _running_max_ends(offsets: Sequence[tuple[int, int]]) -> list[int]:
+    # Token i counts as inside a prefix of c characters when every character it covers
+    # is; running max keeps the sequence sorted even for zero-width special tokens.
+    ends, top = [], 0
+    for _start, end in offsets:
+        top = max(top, end)
+        ends.append(top)
+    return ends

@@ -1,0 +1,57 @@
+"""The admin API's request and response bodies."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TenantCreate(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+
+
+class TenantOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    name: str
+    status: Literal["active", "suspended"]
+    created_at: datetime
+
+
+class TenantList(BaseModel):
+    data: list[TenantOut]
+
+
+class KeyCreate(_Strict):
+    name: str = Field("default", min_length=1, max_length=200)
+    expires_at: AwareDatetime | None = None
+    requests_per_minute: int | None = Field(None, gt=0, le=10_000_000)
+    input_tokens_per_minute: int | None = Field(None, gt=0, le=2_000_000_000)
+
+
+class KeyOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+    id: str
+    tenant_id: str
+    name: str
+    prefix: str
+    created_at: datetime
+    last_used_at: datetime | None
+    revoked_at: datetime | None
+    expires_at: datetime | None
+    requests_per_minute: int | None
+    input_tokens_per_minute: int | None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="The API key. Shown only once: store it now.")
+
+
+class KeyList(BaseModel):
+    data: list[KeyOut]

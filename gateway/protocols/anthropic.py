@@ -1,0 +1,261 @@
+"""The Anthropic Messages API: request models, translation to a Chat, and responses."""
+
+from __future__ import annotations
+
+import itertools
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+
+from gateway.errors import InvalidRequestError
+from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
+
+MAX_BREAKPOINTS = 4
+TTL_SECONDS = {"5m": 300, "1h": 3600}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CacheControl(_Strict):
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] = "5m"
+
+
+class TextBlock(_Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None
+
+
+class OtherBlock(BaseModel):
+    """Any other block type (image, document, tool_use, ...): parsed so it can be refused clearly."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _block_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "text" if kind == "text" else "other"
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")] | Annotated[OtherBlock, Tag("other")], Discriminator(_block_kind)
+]
+
+
+class MessageParam(_Strict):
+    role: Literal["user", "assistant"]
+    content: str | list[ContentBlock]
+
+
+class ToolParam(_Strict):
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")
+    description: str | None = None
+    input_schema: dict[str, Any]
+    type: Literal["custom"] | None = None
+    cache_control: CacheControl | None = None
+    strict: bool | None = None
+
+
+class OtherTool(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+
+
+def _tool_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return "custom" if kind in (None, "custom") else "other"
+
+
+ToolUnion = Annotated[
+    Annotated[ToolParam, Tag("custom")] | Annotated[OtherTool, Tag("other")], Discriminator(_tool_kind)
+]
+
+
+class Metadata(_Strict):
+    user_id: str | None = None
+
+
+class CountTokensRequest(_Strict):
+    model: str = Field(min_length=1)
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[ToolUnion] | None = None
+    tool_choice: dict[str, Any] | None = None
+    cache_control: CacheControl | None = None
+    thinking: dict[str, Any] | None = None
+    # Accepted for SDK compatibility; they change nothing here.
+    speed: Literal["standard", "fast"] | None = None
+    output_config: dict[str, Any] | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
+
+
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    stop_sequences: list[str] | None = Field(None, max_length=16)
+    temperature: float | None = Field(None, ge=0.0, le=1.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    top_k: int | None = Field(None, ge=0)
+    stream: bool = False
+    metadata: Metadata | None = None
+    service_tier: Literal["auto", "standard_only"] | None = None
+    inference_geo: str | None = None
+    diagnostics: dict[str, Any] | None = None
+    container: Any = None
+    cache_salt: str | None = Field(
+        None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
+    )
+
+
+# --- translation ---------------------------------------------------------------------------------
+
+
+def _unsupported(where: str, kind: str) -> InvalidRequestError:
+    return InvalidRequestError(
+        f"{where}: content blocks of type {kind!r} are not supported yet; only text blocks are", param=where
+    )
+
+
+def _text_part(block: TextBlock, where: str) -> TextPart:
+    if not block.text:
+        raise InvalidRequestError(f"{where}: text content blocks must be non-empty", param=where)
+    return TextPart(block.text, TTL_SECONDS[block.cache_control.ttl] if block.cache_control else None)
+
+
+def _check_unsupported_features(request: CountTokensRequest) -> None:
+    if request.thinking and request.thinking.get("type") not in (None, "disabled"):
+        raise InvalidRequestError("thinking: extended thinking is not supported by this model", param="thinking")
+    if request.output_config and request.output_config.get("format"):
+        raise InvalidRequestError("output_config.format: structured outputs are not supported", param="output_config")
+    if isinstance(request, MessagesRequest) and request.container is not None:
+        raise InvalidRequestError("container: containers are not supported", param="container")
+
+
+def to_chat(request: CountTokensRequest) -> Chat:
+    """The request as a Chat, with its breakpoints validated (count, TTL order, automatic caching)."""
+    _check_unsupported_features(request)
+    tools: list[ToolDef] = []
+    for i, tool in enumerate(request.tools or []):
+        if isinstance(tool, OtherTool):
+            raise InvalidRequestError(f"tools.{i}: tools of type {tool.type!r} are not supported", param=f"tools.{i}")
+        function = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
+        tools.append(
+            ToolDef(
+                {"type": "function", "function": function},
+                TTL_SECONDS[tool.cache_control.ttl] if tool.cache_control else None,
+            )
+        )
+
+    messages: list[ChatMessage] = []
+    if isinstance(request.system, str):
+        if request.system:
+            messages.append(ChatMessage("system", (TextPart(request.system),)))
+    elif request.system:
+        parts = tuple(_text_part(b, f"system.{j}") for j, b in enumerate(request.system))
+        messages.append(ChatMessage("system", parts))
+
+    for i, message in enumerate(request.messages):
+        if isinstance(message.content, str):
+            parts = (TextPart(message.content),)
+        else:
+            if not message.content:
+                raise InvalidRequestError(
+                    f"messages.{i}.content: must contain at least one block", param=f"messages.{i}"
+                )
+            converted = []
+            for j, block in enumerate(message.content):
+                where = f"messages.{i}.content.{j}"
+                if isinstance(block, OtherBlock):
+                    raise _unsupported(where, block.type)
+                converted.append(_text_part(block, where))
+            parts = tuple(converted)
+        messages.append(ChatMessage(message.role, parts))
+
+    if request.cache_control is not None:
+        messages = _automatic_breakpoint(messages, TTL_SECONDS[request.cache_control.ttl])
+    chat = Chat(messages=tuple(messages), tools=tuple(tools))
+    _validate_breakpoints(chat)
+    return chat
+
+
+def _automatic_breakpoint(messages: list[ChatMessage], ttl_s: int) -> list[ChatMessage]:
+    # Top-level cache_control: the breakpoint goes on the last cacheable block.
+    for i in range(len(messages) - 1, -1, -1):
+        parts = messages[i].parts
+        if parts and parts[-1].text:
+            if parts[-1].ttl_s is None:
+                last = TextPart(parts[-1].text, ttl_s)
+                messages[i] = ChatMessage(messages[i].role, (*parts[:-1], last))
+            break
+    return messages
+
+
+def _validate_breakpoints(chat: Chat) -> None:
+    ttls = [t.ttl_s for t in chat.tools if t.ttl_s] + [p.ttl_s for m in chat.messages for p in m.parts if p.ttl_s]
+    if len(ttls) > MAX_BREAKPOINTS:
+        raise InvalidRequestError(
+            f"A maximum of {MAX_BREAKPOINTS} blocks with cache_control may be provided. Found {len(ttls)}."
+        )
+    for earlier, later in itertools.pairwise(ttls):
+        if later > earlier:
+            raise InvalidRequestError(
+                "a cache_control breakpoint with ttl '1h' must not come after one with ttl '5m' "
+                "(longer TTLs first, in the order tools, system, messages)"
+            )
+
+
+# --- responses -----------------------------------------------------------------------------------
+
+
+class CacheCreation(BaseModel):
+    ephemeral_5m_input_tokens: int
+    ephemeral_1h_input_tokens: int
+
+
+class AnthropicUsage(BaseModel):
+    input_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    cache_creation: CacheCreation
+    output_tokens: int
+    service_tier: Literal["standard"] = "standard"
+    cost_usd: Decimal | None = Field(None, exclude_if=lambda v: v is None)
+
+
+class TextContent(BaseModel):
+    type: Literal["text"] = "text"
+    text: str
+
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+
+
+class MessageResponse(BaseModel):
+    id: str
+    type: Literal["message"] = "message"
+    role: Literal["assistant"] = "assistant"
+    content: list[TextContent]
+    model: str
+    stop_reason: StopReason | None
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class CountTokensResponse(BaseModel):
+    input_tokens: int
+
+
+def stop_reason(finish_reason: str, stop_sequence: str | None) -> StopReason:
+    if finish_reason == "length":
+        return "max_tokens"
+    return "stop_sequence" if stop_sequence else "end_turn"
+
+
+def message_id(request_id: str) -> str:
+    return "msg_" + request_id.removeprefix("req_")

@@ -1,0 +1,115 @@
+"""Anthropic responses from a Generation: the message body, and the SSE event sequence."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator
+
+import structlog
+
+from gateway.generation import Finished, Generation, TokenCounts
+from gateway.protocols.anthropic import (
+    AnthropicUsage,
+    CacheCreation,
+    MessageResponse,
+    TextContent,
+    message_id,
+    stop_reason,
+)
+from gateway.sse import event
+
+log = structlog.get_logger("kvgate.gateway")
+
+
+def usage_of(counts: TokenCounts, finished: Finished | None = None) -> AnthropicUsage:
+    return AnthropicUsage(
+        input_tokens=counts.input,
+        cache_creation_input_tokens=counts.writes,
+        cache_read_input_tokens=counts.read,
+        cache_creation=CacheCreation(
+            ephemeral_5m_input_tokens=counts.write_5m + counts.write_24h,
+            ephemeral_1h_input_tokens=counts.write_1h,
+        ),
+        output_tokens=counts.output,
+        cost_usd=finished.cost_usd if finished else None,
+    )
+
+
+def message_of(finished: Finished, *, request_id: str, model: str) -> MessageResponse:
+    output = finished.output
+    return MessageResponse(
+        id=message_id(request_id),
+        content=[TextContent(text=output.text)],
+        model=model,
+        stop_reason=stop_reason(output.finish_reason, output.stop_sequence),
+        stop_sequence=output.stop_sequence,
+        usage=usage_of(finished.counts, finished),
+    )
+
+
+async def message_events(gen: Generation, *, request_id: str, model: str) -> AsyncGenerator[bytes, None]:
+    """message_start, content_block_start, ping, content_block_delta..., content_block_stop,
+    message_delta, message_stop; or an error event if the engine fails mid-stream."""
+    deltas = gen.handle.__aiter__()
+    done = False
+    try:
+        # message_start carries the prompt's cache usage, which exists once prefill is done.
+        first = await anext(deltas, None)
+        counts = gen.early_counts()
+        start_usage = usage_of(counts).model_dump(mode="json")
+        start_usage["output_tokens"] = max(1, counts.output)
+        yield event(
+            "message_start",
+            {
+                "type": "message_start",
+                "message": {
+                    "id": message_id(request_id),
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [],
+                    "model": model,
+                    "stop_reason": None,
+                    "stop_sequence": None,
+                    "usage": start_usage,
+                },
+            },
+        )
+        yield event(
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        )
+        yield event("ping", {"type": "ping"})
+        delta = first
+        while delta is not None:
+            if delta.text:
+                yield event(
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta.text}},
+                )
+            delta = await anext(deltas, None)
+        finished = await gen.finish(await gen.handle.result())
+        done = True
+        if finished.status == "error":
+            message = finished.output.error or "the engine failed while generating"
+            yield event("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+            return
+        output = finished.output
+        yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        final = usage_of(finished.counts, finished).model_dump(mode="json", exclude={"cache_creation", "service_tier"})
+        yield event(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {
+                    "stop_reason": stop_reason(output.finish_reason, output.stop_sequence),
+                    "stop_sequence": output.stop_sequence,
+                },
+                "usage": final,
+            },
+        )
+        yield event("message_stop", {"type": "message_stop"})
+    except Exception:
+        log.exception("stream_failed", request_id=request_id)
+        yield event("error", {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}})
+    finally:
+        if not done:
+            gen.abandon()

@@ -1,0 +1,86 @@
+"""OpenAI responses from a Generation: the completion body, and the chunk stream."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import structlog
+
+from gateway.generation import Finished, Generation
+from gateway.protocols.openai import (
+    AssistantMessage,
+    ChatCompletion,
+    Choice,
+    CompletionUsage,
+    PromptTokensDetails,
+    completion_id,
+    finish_reason,
+)
+from gateway.sse import event
+
+log = structlog.get_logger("kvgate.gateway")
+
+
+def usage_of(finished: Finished) -> CompletionUsage:
+    counts = finished.counts
+    return CompletionUsage(
+        prompt_tokens=counts.prompt,
+        completion_tokens=counts.output,
+        total_tokens=counts.prompt + counts.output,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.read, cache_write_tokens=counts.writes),
+        cost_usd=finished.cost_usd,
+    )
+
+
+def completion_of(finished: Finished, *, request_id: str, model: str, created: int) -> ChatCompletion:
+    return ChatCompletion(
+        id=completion_id(request_id),
+        created=created,
+        model=model,
+        choices=[
+            Choice(
+                message=AssistantMessage(content=finished.output.text),
+                finish_reason=finish_reason(finished.output.finish_reason),
+            )
+        ],
+        usage=usage_of(finished),
+    )
+
+
+async def chunk_events(
+    gen: Generation, *, request_id: str, model: str, include_usage: bool
+) -> AsyncGenerator[bytes, None]:
+    created = int(time.time())
+    base = {"id": completion_id(request_id), "object": "chat.completion.chunk", "created": created, "model": model}
+    usage_field: dict[str, Any] = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
+        return event(None, {**base, "choices": [choice], **usage_field})
+
+    done = False
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        async for delta in gen.handle:
+            if delta.text:
+                yield chunk({"content": delta.text})
+        finished = await gen.finish(await gen.handle.result())
+        done = True
+        if finished.status == "error":
+            message = finished.output.error or "the engine failed while generating"
+            yield event(None, {"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+            return
+        yield chunk({}, finish_reason(finished.output.finish_reason))
+        if include_usage:
+            usage = usage_of(finished).model_dump(mode="json")
+            yield event(None, {**base, "choices": [], "usage": usage})
+        yield event(None, "[DONE]")
+    except Exception:
+        log.exception("stream_failed", request_id=request_id)
+        error = {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
+        yield event(None, {"error": error})
+    finally:
+        if not done:
+            gen.abandon()

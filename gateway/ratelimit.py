@@ -1,0 +1,208 @@
+"""Per-key rate limits: requests per minute and input tokens per minute, as token buckets.
+
+Each limit is a bucket holding at most `limit` units that refills at limit/60 per
+second. A request takes one request unit and reserves input-token units for its
+prompt before it runs; when it ends, the reservation is settled to the tokens that
+really count (prompt minus cache reads, as at Anthropic), which may refund units or
+leave the bucket in debt. Checking and taking happen in one step (one event-loop
+turn in memory, one Lua script in Redis), so concurrent requests cannot overdraw.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Protocol
+
+WINDOW_S = 60.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    requests_per_minute: int | None = None
+    input_tokens_per_minute: int | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.requests_per_minute is not None or self.input_tokens_per_minute is not None
+
+
+@dataclass(frozen=True)
+class BucketView:
+    limit: int
+    remaining: int
+    reset_at: float  # epoch seconds when the bucket is full again
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    retry_after_s: float
+    requests: BucketView | None
+    input_tokens: BucketView | None
+
+    def headers(self) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for name, view in (("requests", self.requests), ("input-tokens", self.input_tokens)):
+            if view is None:
+                continue
+            out[f"anthropic-ratelimit-{name}-limit"] = str(view.limit)
+            out[f"anthropic-ratelimit-{name}-remaining"] = str(max(0, view.remaining))
+            out[f"anthropic-ratelimit-{name}-reset"] = _rfc3339(view.reset_at)
+        return out
+
+
+def _rfc3339(epoch_s: float) -> str:
+    return datetime.fromtimestamp(math.ceil(epoch_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class RateLimiter(Protocol):
+    async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
+        """Take one request and `input_tokens` units if both buckets have them; else take nothing."""
+        ...
+
+    async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
+        """Give units back (positive) or take more (negative, possibly into debt)."""
+        ...
+
+
+def _refill(tokens: float, last: float, now: float, limit: int) -> float:
+    return min(float(limit), tokens + max(0.0, now - last) * limit / WINDOW_S)
+
+
+def _view(limit: int, tokens: float, now: float) -> BucketView:
+    return BucketView(limit, math.floor(tokens), now + (limit - tokens) * WINDOW_S / limit)
+
+
+def _wait_s(limit: int, tokens: float, cost: int) -> float:
+    return max(0.0, (cost - tokens) * WINDOW_S / limit)
+
+
+class MemoryRateLimiter:
+    """Buckets in this process (one gateway process; use Redis for several)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def _level(self, key: tuple[str, str], limit: int, now: float) -> float:
+        tokens, last = self._buckets.get(key, (float(limit), now))
+        return _refill(tokens, last, now, limit)
+
+    async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
+        now = self._clock()
+        plan = [
+            (("req", limits.requests_per_minute), 1),
+            (("itok", limits.input_tokens_per_minute), input_tokens),
+        ]
+        levels: dict[str, float] = {}
+        wait = 0.0
+        for (kind, limit), cost in plan:
+            if limit is None:
+                continue
+            levels[kind] = self._level((key_id, kind), limit, now)
+            wait = max(wait, _wait_s(limit, levels[kind], cost))
+        allowed = wait == 0.0
+        for (kind, limit), cost in plan:
+            if limit is None:
+                continue
+            if allowed:
+                levels[kind] -= cost
+            self._buckets[(key_id, kind)] = (levels[kind], now)
+        return Decision(
+            allowed=allowed,
+            retry_after_s=wait,
+            requests=_view(limits.requests_per_minute, levels["req"], now) if "req" in levels else None,
+            input_tokens=_view(limits.input_tokens_per_minute, levels["itok"], now) if "itok" in levels else None,
+        )
+
+    async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
+        now = self._clock()
+        for kind, limit, delta in (
+            ("req", limits.requests_per_minute, requests),
+            ("itok", limits.input_tokens_per_minute, input_tokens),
+        ):
+            if limit is None or delta == 0:
+                continue
+            level = self._level((key_id, kind), limit, now)
+            self._buckets[(key_id, kind)] = (min(float(limit), level + delta), now)
+
+
+# KEYS: request bucket, input-token bucket. ARGV: now, then (limit, delta) for each
+# bucket (limit 0 = no such limit), then mode: "acquire" takes -delta only if every
+# bucket has it, "adjust" adds delta unconditionally. Returns the levels after, as
+# strings (Lua numbers lose precision as integers), and the wait in seconds.
+_LUA = """
+local now = tonumber(ARGV[1])
+local mode = ARGV[6]
+local levels = {}
+local wait = 0
+for i = 1, 2 do
+  local limit = tonumber(ARGV[2 * i])
+  local delta = tonumber(ARGV[2 * i + 1])
+  if limit > 0 then
+    local state = redis.call('HMGET', KEYS[i], 't', 'ts')
+    local tokens = tonumber(state[1]) or limit
+    local last = tonumber(state[2]) or now
+    if now > last then tokens = math.min(limit, tokens + (now - last) * limit / 60.0) end
+    levels[i] = tokens
+    if mode == 'acquire' and delta > tokens then
+      wait = math.max(wait, (delta - tokens) * 60.0 / limit)
+    end
+  end
+end
+for i = 1, 2 do
+  local limit = tonumber(ARGV[2 * i])
+  local delta = tonumber(ARGV[2 * i + 1])
+  if limit > 0 then
+    if mode == 'acquire' then
+      if wait == 0 then levels[i] = levels[i] - delta end
+    else
+      levels[i] = math.min(limit, levels[i] + delta)
+    end
+    redis.call('HSET', KEYS[i], 't', tostring(levels[i]), 'ts', tostring(now))
+    redis.call('EXPIRE', KEYS[i], 600)
+  end
+end
+return {tostring(levels[1] or 0), tostring(levels[2] or 0), tostring(wait)}
+"""
+
+
+class RedisRateLimiter:
+    """Buckets in Redis, shared by every gateway process pointing at it."""
+
+    def __init__(self, url: str, *, prefix: str = "kvgate:rl:", clock: Callable[[], float] = time.time) -> None:
+        from redis.asyncio import Redis
+
+        self._redis = Redis.from_url(url)
+        self._script = self._redis.register_script(_LUA)
+        self._prefix = prefix
+        self._clock = clock
+
+    async def close(self) -> None:
+        await self._redis.aclose()
+
+    async def _run(self, key_id: str, limits: Limits, req: int, itok: int, mode: str) -> tuple[float, float, float]:
+        now = self._clock()
+        keys = [f"{self._prefix}{key_id}:req", f"{self._prefix}{key_id}:itok"]
+        args = [now, limits.requests_per_minute or 0, req, limits.input_tokens_per_minute or 0, itok, mode]
+        out = await self._script(keys=keys, args=args)
+        return float(out[0]), float(out[1]), float(out[2])
+
+    async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
+        now = self._clock()
+        req, itok, wait = await self._run(key_id, limits, 1, input_tokens, "acquire")
+        rpm, itpm = limits.requests_per_minute, limits.input_tokens_per_minute
+        return Decision(
+            allowed=wait == 0.0,
+            retry_after_s=wait,
+            requests=_view(rpm, req, now) if rpm else None,
+            input_tokens=_view(itpm, itok, now) if itpm else None,
+        )
+
+    async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
+        if requests or input_tokens:
+            await self._run(key_id, limits, requests, input_tokens, "adjust")

@@ -1,0 +1,67 @@
+"""From an API request to what the engine needs: model check, rendering, sampling, cache regions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gateway.cache_regions import automatic_region, breakpoint_regions
+from gateway.errors import InvalidRequestError, ModelNotFoundError
+from gateway.generation import output_budget
+from gateway.prompt import RenderedPrompt
+from gateway.protocols import anthropic, openai
+from gateway.state import Gateway
+from inference.types import CacheRegion, SamplingParams
+
+
+@dataclass(frozen=True)
+class Prepared:
+    model: str
+    prompt: RenderedPrompt
+    sampling: SamplingParams
+    regions: tuple[CacheRegion, ...]
+    client_salt: str | None
+
+
+def check_model(gw: Gateway, *, model: str) -> str:
+    if model != gw.engine.model_id:
+        raise ModelNotFoundError(f"model: {model}", param="model")
+    return model
+
+
+def count_message_tokens(gw: Gateway, *, request: anthropic.CountTokensRequest) -> int:
+    check_model(gw, model=request.model)
+    return len(gw.renderer.render(anthropic.to_chat(request)).token_ids)
+
+
+def prepare_message(gw: Gateway, *, request: anthropic.MessagesRequest) -> Prepared:
+    model = check_model(gw, model=request.model)
+    prompt = gw.renderer.render(anthropic.to_chat(request))
+    sampling = SamplingParams(
+        max_tokens=output_budget(gw, prompt_tokens=len(prompt.token_ids), requested=request.max_tokens),
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        top_k=request.top_k or 0,
+        stop=tuple(s for s in request.stop_sequences or () if s),
+    )
+    regions = breakpoint_regions(prompt.breakpoints, min_tokens=gw.settings.min_cacheable_tokens)
+    return Prepared(model, prompt, sampling, regions, request.cache_salt)
+
+
+def prepare_chat_completion(gw: Gateway, *, request: openai.ChatCompletionRequest) -> Prepared:
+    model = check_model(gw, model=request.model)
+    ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
+    if ttl_s not in (300, 3600) and not gw.billing.allows_ttl(model=model, ttl_s=ttl_s):
+        raise InvalidRequestError(
+            f"prompt_cache_retention: {request.prompt_cache_retention!r} is not enabled on this server",
+            param="prompt_cache_retention",
+        )
+    prompt = gw.renderer.render(openai.to_chat(request))
+    sampling = SamplingParams(
+        max_tokens=output_budget(gw, prompt_tokens=len(prompt.token_ids), requested=request.requested_max_tokens),
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        seed=request.seed,
+        stop=tuple(s for s in request.stop_sequences if s),
+    )
+    regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=gw.settings.min_cacheable_tokens)
+    return Prepared(model, prompt, sampling, regions, request.cache_salt)

@@ -1,0 +1,50 @@
+"""Everything a request handler needs, built once at start-up and kept on app.state.gateway."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from gateway.billing_hooks import BillingHooks
+from gateway.engine import Engine
+from gateway.prompt import PromptRenderer
+from gateway.ratelimit import Limits, RateLimiter
+from gateway.services.keys import Principal
+from gateway.services.server_state import AdminTokenVerifier
+from gateway.settings import GatewaySettings
+from gateway.usage import UsageRecorder
+
+
+@dataclass
+class Gateway:
+    settings: GatewaySettings
+    engine: Engine
+    renderer: PromptRenderer
+    sessions: async_sessionmaker[AsyncSession]
+    limiter: RateLimiter
+    recorder: UsageRecorder
+    billing: BillingHooks
+    secret: str
+    admin: AdminTokenVerifier
+    background: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    def limits_for(self, principal: Principal) -> Limits:
+        return Limits(
+            requests_per_minute=principal.requests_per_minute or self.settings.default_requests_per_minute,
+            input_tokens_per_minute=principal.input_tokens_per_minute or self.settings.default_input_tokens_per_minute,
+        )
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run work that must outlive the request (finishing an abandoned stream)."""
+        task = asyncio.get_running_loop().create_task(coro)
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        return task
+
+    async def drain(self) -> None:
+        if self.background:
+            await asyncio.gather(*self.background, return_exceptions=True)
