@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from decimal import Decimal
 
 import jinja2
@@ -64,7 +64,8 @@ class InvoiceDocument:
 
     @property
     def period_label(self) -> str:
-        return f"{self.period_start:%Y-%m-%d} to {self.period_end:%Y-%m-%d} (UTC, end exclusive)"
+        last_day = self.period_end - timedelta(days=1)
+        return f"{self.period_start:%B %Y} ({self.period_start:%Y-%m-%d} to {last_day:%Y-%m-%d}, UTC)"
 
 
 _HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
@@ -108,9 +109,23 @@ def render_html(doc: InvoiceDocument) -> str:
     return _HTML.render(doc=doc, usd=format_usd, labels=CATEGORY_LABELS)
 
 
+_ASCII_PUNCTUATION = str.maketrans(
+    {
+        "\u2014": "-",
+        "\u2013": "-",
+        "\u2018": "'",
+        "\u2019": "'",
+        "\u201c": '"',
+        "\u201d": '"',
+        "\u2026": "...",
+        "\u00a0": " ",
+    }
+)
+
+
 def _latin1(text: str) -> str:
     # The PDF uses the core Helvetica font (no font files to ship), which is Latin-1 only.
-    return text.encode("latin-1", "replace").decode("latin-1")
+    return text.translate(_ASCII_PUNCTUATION).encode("latin-1", "replace").decode("latin-1")
 
 
 def render_pdf(doc: InvoiceDocument) -> bytes:
