@@ -1,0 +1,131 @@
+"""Prometheus metrics of one engine, named like vLLM's so existing dashboards and alerts apply.
+
+Engine state (cache counters, pool occupancy, queue lengths) is read when scraped
+rather than mirrored, so it cannot drift. Each EngineMetrics has a registry of its
+own, so several engines (in tests, or replicas in one process) never clash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, TypeVar
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from inference.types import RequestOutput
+
+if TYPE_CHECKING:
+    from inference.async_engine import AsyncEngine
+
+T = TypeVar("T")
+
+# vLLM's TTFT buckets, so histograms from both can be compared bucket for bucket.
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+# vLLM's label values for why a request finished.
+_FINISHED_REASON = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
+
+
+def _read(getter: Callable[[], T]) -> T:
+    """A value the engine thread may be changing: retry the rare read that races a dict resize."""
+    for _ in range(3):
+        try:
+            return getter()
+        except RuntimeError:
+            continue
+    return getter()
+
+
+class EngineMetrics:
+    """The engine's metrics; record() each finished request, render() for /metrics."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self.registry = CollectorRegistry(auto_describe=False)
+        labels = ["model_name"]
+        # Unregistered: collect() yields them, after draining the engine's new TTFTs.
+        self._ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token in seconds.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=None,
+        )
+        self._finished = Counter(
+            "vllm:request_success",
+            "Finished requests, by why they finished.",
+            [*labels, "finished_reason"],
+            registry=None,
+        )
+        self._prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of finished requests.", labels, registry=None
+        )
+        self._generation_tokens = Counter(
+            "vllm:generation_tokens", "Generated tokens of finished requests.", labels, registry=None
+        )
+        self.registry.register(self)
+
+    def record(self, output: RequestOutput) -> None:
+        model = self.engine.model_id
+        reason = _FINISHED_REASON.get(output.finish_reason, output.finish_reason)
+        self._finished.labels(model, reason).inc()
+        self._prompt_tokens.labels(model).inc(output.usage.prompt_tokens)
+        self._generation_tokens.labels(model).inc(output.usage.completion_tokens)
+        self._drain_ttfts()
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+    def _drain_ttfts(self) -> None:
+        core = self.engine.core
+        if core is None:
+            return
+        # The engine thread only appends, so the first n entries are stable to copy and drop.
+        ttfts = core.ttfts
+        n = len(ttfts)
+        if n:
+            observe = self._ttft.labels(core.model_id).observe
+            for value in ttfts[:n]:
+                observe(value)
+            del ttfts[:n]
+
+    def collect(self) -> Iterator[Metric]:
+        self._drain_ttfts()
+        core = self.engine.core
+        if core is not None:
+            yield from self._engine_state(core.model_id)
+        for metric in (self._ttft, self._finished, self._prompt_tokens, self._generation_tokens):
+            yield from metric.collect()
+
+    def _engine_state(self, model: str) -> Iterator[Metric]:
+        core = self.engine.core
+        assert core is not None
+        pool = core.pool
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([model], value)
+            return family
+
+        used = _read(lambda: pool.num_used)
+        yield counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", core.kv.num_query_tokens
+        )
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", core.kv.num_hit_tokens)
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", used / pool.num_blocks)
+        yield gauge("kvgate:kv_blocks_used", "KV blocks held by running requests.", used)
+        yield gauge("kvgate:kv_blocks_free", "KV blocks free, cached or empty.", pool.num_blocks - used)
+        yield gauge("kvgate:kv_blocks_total", "KV blocks in the device pool.", pool.num_blocks)
+        yield counter("kvgate:kv_evictions", "Cached blocks evicted for reuse.", pool.num_evictions)
+        yield counter("vllm:num_preemptions", "Requests preempted to free KV blocks.", core.scheduler.num_preemptions)
+        yield gauge("vllm:num_requests_running", "Requests decoding or prefilling.", core.num_running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", core.num_waiting)

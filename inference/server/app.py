@@ -1,0 +1,40 @@
+"""The engine server's FastAPI application."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from inference.async_engine import AsyncEngine
+from inference.metrics import EngineMetrics
+from inference.server.errors import install_error_handlers
+from inference.server.routes import router
+from inference.server.state import ServerState
+
+
+def create_app(engine: AsyncEngine) -> FastAPI:
+    """An app serving engine with vLLM's OpenAI-compatible protocol.
+
+    If the engine is not started yet, the app starts it on startup and shuts it down on
+    shutdown: it must run on the server's event loop, whose futures its handles resolve.
+    An engine started by the caller is left for the caller to shut down.
+    """
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        owned = engine.core is None
+        if owned:
+            await engine.start()
+        try:
+            yield
+        finally:
+            if owned:
+                await engine.shutdown()
+
+    app = FastAPI(title="kvgate engine server", lifespan=lifespan)
+    app.state.kvgate = ServerState(engine=engine, metrics=EngineMetrics(engine))
+    install_error_handlers(app)
+    app.include_router(router)
+    return app

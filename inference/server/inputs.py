@@ -1,0 +1,116 @@
+"""From a request body to what the engine takes: prompt token ids, sampling params, a cache spec.
+
+Everything the engine cannot honour is refused here with a 400 naming the field,
+rather than ignored: a client asking for logprobs or tools must not get a reply that
+silently lacks them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jinja2
+
+from inference.async_engine import AsyncEngine
+from inference.server.errors import APIError, bad_request
+from inference.server.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    SamplingFields,
+)
+from inference.types import CacheRegion, CacheSpec, SamplingParams
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    cache: CacheSpec
+    stream: bool
+    include_usage: bool
+
+
+def check_model(requested: str | None, served: str) -> None:
+    # vLLM (and OpenAI) answer an unknown model with a 404.
+    if requested is not None and requested != served:
+        raise APIError(404, f"The model `{requested}` does not exist.", "model")
+
+
+def completion_inputs(body: CompletionRequest, engine: AsyncEngine) -> EngineInputs:
+    check_model(body.model, engine.model_id)
+    for name, unsupported in (
+        ("echo", body.echo),
+        ("logprobs", body.logprobs is not None),
+        ("best_of", body.best_of not in (None, 1)),
+        ("suffix", body.suffix is not None),
+    ):
+        if unsupported:
+            raise bad_request(f"{name} is not supported by this server", name)
+    return _inputs(body, _completion_prompt(body, engine), body.max_tokens, engine)
+
+
+def chat_inputs(body: ChatCompletionRequest, engine: AsyncEngine) -> EngineInputs:
+    check_model(body.model, engine.model_id)
+    if body.logprobs or body.top_logprobs:
+        raise bad_request("logprobs are not supported by this server", "logprobs")
+    if body.response_format is not None and body.response_format.get("type", "text") != "text":
+        raise bad_request("only the text response_format is supported", "response_format")
+    # Without a tool-call parser we could only return calls as plain text; vLLM refuses
+    # the same way unless the client says it wants no calls.
+    if body.tools and body.tool_choice != "none":
+        raise bad_request('tools are only supported with tool_choice "none"', "tool_choice")
+    messages = [{"role": m.role, "content": _message_text(m)} for m in body.messages]
+    try:
+        text = engine.apply_chat_template(messages, tools=body.tools)
+    except jinja2.TemplateError as exc:
+        raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from exc
+    max_tokens = body.max_completion_tokens or body.max_tokens
+    return _inputs(body, engine.encode(text), max_tokens, engine)
+
+
+def _completion_prompt(body: CompletionRequest, engine: AsyncEngine) -> list[int]:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+        if len(prompt) != 1:
+            raise bad_request("a list of prompts is not supported; send one prompt per request", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return list(engine.tokenizer.encode(prompt, add_special_tokens=body.add_special_tokens))
+    return list(prompt)
+
+
+def _message_text(message: ChatMessage) -> str:
+    if message.content is None:
+        return ""
+    if isinstance(message.content, str):
+        return message.content
+    # vLLM joins text parts with newlines when the template wants a string.
+    return "\n".join(part.text for part in message.content)
+
+
+def _inputs(body: SamplingFields, prompt: list[int], max_tokens: int | None, engine: AsyncEngine) -> EngineInputs:
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options can only be given when stream is true", "stream_options")
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    params = SamplingParams(
+        # No limit means the rest of the context; the engine clamps to what is left.
+        max_tokens=max_tokens if max_tokens is not None else engine.max_model_len,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
+        top_k=max(body.top_k or 0, 0),  # vLLM spells "off" -1, the engine 0
+        seed=body.seed,
+        stop=stop,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        ignore_eos=body.ignore_eos,
+    )
+    regions = None
+    if body.cache_regions is not None:
+        regions = tuple(CacheRegion(end=r.end, ttl_s=r.ttl_s) for r in body.cache_regions)
+    return EngineInputs(
+        prompt_token_ids=prompt,
+        params=params,
+        cache=CacheSpec(salt=body.cache_salt, regions=regions),
+        stream=body.stream,
+        include_usage=body.stream_options is not None and body.stream_options.include_usage,
+    )
