@@ -35,6 +35,10 @@ class BillingHooks(Protocol):
         """Raise gateway.errors.BillingError (402) to refuse the request before it runs."""
         ...
 
+    async def release(self, admission: Admission) -> None:
+        """The engine refused an admitted request (queue full, invalid): it never ran."""
+        ...
+
     async def settle(self, event: UsageEvent) -> Decimal | None:
         """Charge a recorded request; the cost in USD (shown to the client) or None."""
         ...
@@ -46,6 +50,9 @@ class BillingHooks(Protocol):
 
 class NoBilling:
     async def admit(self, admission: Admission) -> None:
+        return None
+
+    async def release(self, admission: Admission) -> None:
         return None
 
     async def settle(self, event: UsageEvent) -> Decimal | None:

@@ -240,45 +240,44 @@ async def start_generation(
     reserved_input = 0
     decision: Decision | None = None
     if limits.enabled:
-        if limits.input_tokens_per_minute is not None:
-            # A prompt larger than the whole bucket reserves the whole bucket; the
-            # settlement after the request charges what was really uncached.
-            reserved_input = min(prompt_tokens, limits.input_tokens_per_minute)
-        decision = await gw.limiter.acquire(key_id=principal.api_key_id, limits=limits, input_tokens=reserved_input)
+        decision = await gw.limiter.acquire(key_id=principal.api_key_id, limits=limits, input_tokens=prompt_tokens)
         if not decision.allowed:
             raise RateLimitError(
                 "rate limit exceeded for this API key; retry after the time in the retry-after header",
                 retry_after_s=decision.retry_after_s,
                 headers=decision.headers(),
             )
+        reserved_input = decision.reserved_input_tokens
 
     async def refund() -> None:
         if decision is not None:
             await gw.limiter.adjust(key_id=principal.api_key_id, limits=limits, requests=1, input_tokens=reserved_input)
 
+    admission = Admission(
+        request_id=ctx.request_id,
+        tenant_id=principal.tenant_id,
+        api_key_id=principal.api_key_id,
+        model=model,
+        endpoint=endpoint,
+        prompt_tokens=prompt_tokens,
+        max_output_tokens=sampling.max_tokens,
+    )
     try:
-        await gw.billing.admit(
-            Admission(
-                request_id=ctx.request_id,
-                tenant_id=principal.tenant_id,
-                api_key_id=principal.api_key_id,
-                model=model,
-                endpoint=endpoint,
-                prompt_tokens=prompt_tokens,
-                max_output_tokens=sampling.max_tokens,
-            )
-        )
-        cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, client_salt), regions=regions)
-        submitted_at = time.perf_counter()
-        handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id)
-    except EngineOverloadedError as exc:
-        await refund()
-        raise OverloadedError("Overloaded", retry_after_s=OVERLOADED_RETRY_S) from exc
-    except EngineInvalidRequest as exc:
-        await refund()
-        raise InvalidRequestError(str(exc)) from exc
+        await gw.billing.admit(admission)
     except BaseException:
         await refund()
+        raise
+    cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, client_salt), regions=regions)
+    submitted_at = time.perf_counter()
+    try:
+        handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id)
+    except BaseException as exc:
+        await refund()
+        await gw.billing.release(admission)
+        if isinstance(exc, EngineOverloadedError):
+            raise OverloadedError("Overloaded", retry_after_s=OVERLOADED_RETRY_S) from exc
+        if isinstance(exc, EngineInvalidRequest):
+            raise InvalidRequestError(str(exc)) from exc
         raise
     ctx.log.update(model=model, prompt_tokens=prompt_tokens)
     return Generation(

@@ -1,11 +1,17 @@
 """Per-key rate limits: requests per minute and input tokens per minute, as token buckets.
 
 Each limit is a bucket holding at most `limit` units that refills at limit/60 per
-second. A request takes one request unit and reserves input-token units for its
-prompt before it runs; when it ends, the reservation is settled to the tokens that
-really count (prompt minus cache reads, as at Anthropic), which may refund units or
-leave the bucket in debt. Checking and taking happen in one step (one event-loop
-turn in memory, one Lua script in Redis), so concurrent requests cannot overdraw.
+second. A request is admitted when the request bucket has a unit and the
+input-token bucket is not empty; it takes the request unit and reserves up to its
+prompt's size of input tokens (what is left, if less). How many of its tokens
+count is only known when it ends, because cache reads do not count (as at
+Anthropic) and the engine finds the cache hit: the reservation is then settled
+to prompt minus cache reads, refunding units or leaving the bucket in debt, which
+refuses further requests until it refills. Checking and taking happen in one
+step (one event-loop turn in memory, one Lua script in Redis), so concurrent
+requests cannot take the same units: once the bucket is empty every other
+request is refused, and the overshoot is bounded by the one request that took
+the last units.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class Decision:
     retry_after_s: float
     requests: BucketView | None
     input_tokens: BucketView | None
+    reserved_input_tokens: int = 0
 
     def headers(self) -> dict[str, str]:
         out: dict[str, str] = {}
@@ -61,7 +68,7 @@ def _rfc3339(epoch_s: float) -> str:
 
 class RateLimiter(Protocol):
     async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
-        """Take one request and `input_tokens` units if both buckets have them; else take nothing."""
+        """If admitted, take one request unit and reserve up to `input_tokens`; else take nothing."""
         ...
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
@@ -94,29 +101,25 @@ class MemoryRateLimiter:
 
     async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
         now = self._clock()
-        plan = [
-            (("req", limits.requests_per_minute), 1),
-            (("itok", limits.input_tokens_per_minute), input_tokens),
-        ]
-        levels: dict[str, float] = {}
-        wait = 0.0
-        for (kind, limit), cost in plan:
-            if limit is None:
-                continue
-            levels[kind] = self._level((key_id, kind), limit, now)
-            wait = max(wait, _wait_s(limit, levels[kind], cost))
-        allowed = wait == 0.0
-        for (kind, limit), cost in plan:
-            if limit is None:
-                continue
-            if allowed:
-                levels[kind] -= cost
-            self._buckets[(key_id, kind)] = (levels[kind], now)
+        rpm, itpm = limits.requests_per_minute, limits.input_tokens_per_minute
+        req = self._level((key_id, "req"), rpm, now) if rpm else 0.0
+        itok = self._level((key_id, "itok"), itpm, now) if itpm else 0.0
+        wait = max(_wait_s(rpm, req, 1) if rpm else 0.0, _wait_s(itpm, itok, 1) if itpm else 0.0)
+        reserved = 0
+        if wait == 0.0:
+            req -= 1
+            reserved = max(0, min(input_tokens, math.floor(itok)))
+            itok -= reserved
+        if rpm:
+            self._buckets[(key_id, "req")] = (req, now)
+        if itpm:
+            self._buckets[(key_id, "itok")] = (itok, now)
         return Decision(
-            allowed=allowed,
+            allowed=wait == 0.0,
             retry_after_s=wait,
-            requests=_view(limits.requests_per_minute, levels["req"], now) if "req" in levels else None,
-            input_tokens=_view(limits.input_tokens_per_minute, levels["itok"], now) if "itok" in levels else None,
+            requests=_view(rpm, req, now) if rpm else None,
+            input_tokens=_view(itpm, itok, now) if itpm else None,
+            reserved_input_tokens=reserved,
         )
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
@@ -131,10 +134,12 @@ class MemoryRateLimiter:
             self._buckets[(key_id, kind)] = (min(float(limit), level + delta), now)
 
 
-# KEYS: request bucket, input-token bucket. ARGV: now, then (limit, delta) for each
-# bucket (limit 0 = no such limit), then mode: "acquire" takes -delta only if every
-# bucket has it, "adjust" adds delta unconditionally. Returns the levels after, as
-# strings (Lua numbers lose precision as integers), and the wait in seconds.
+# KEYS: request bucket, input-token bucket. ARGV: now, then (limit, amount) for each
+# bucket (limit 0 = no such limit), then mode. "acquire": admit if every bucket has
+# at least one unit, then take 1 request and reserve up to `amount` input tokens.
+# "adjust": add each amount unconditionally (negative amounts may leave debt).
+# Returns the levels after, as strings (Lua integers would truncate), the wait in
+# seconds, and the input tokens reserved.
 _LUA = """
 local now = tonumber(ARGV[1])
 local mode = ARGV[6]
@@ -142,32 +147,39 @@ local levels = {}
 local wait = 0
 for i = 1, 2 do
   local limit = tonumber(ARGV[2 * i])
-  local delta = tonumber(ARGV[2 * i + 1])
   if limit > 0 then
     local state = redis.call('HMGET', KEYS[i], 't', 'ts')
     local tokens = tonumber(state[1]) or limit
     local last = tonumber(state[2]) or now
     if now > last then tokens = math.min(limit, tokens + (now - last) * limit / 60.0) end
     levels[i] = tokens
-    if mode == 'acquire' and delta > tokens then
-      wait = math.max(wait, (delta - tokens) * 60.0 / limit)
+    if mode == 'acquire' and tokens < 1 then
+      wait = math.max(wait, (1 - tokens) * 60.0 / limit)
     end
   end
 end
+local reserved = 0
 for i = 1, 2 do
   local limit = tonumber(ARGV[2 * i])
-  local delta = tonumber(ARGV[2 * i + 1])
+  local amount = tonumber(ARGV[2 * i + 1])
   if limit > 0 then
     if mode == 'acquire' then
-      if wait == 0 then levels[i] = levels[i] - delta end
+      if wait == 0 then
+        local take = amount
+        if i == 2 then
+          take = math.max(0, math.min(amount, math.floor(levels[i])))
+          reserved = take
+        end
+        levels[i] = levels[i] - take
+      end
     else
-      levels[i] = math.min(limit, levels[i] + delta)
+      levels[i] = math.min(limit, levels[i] + amount)
     end
     redis.call('HSET', KEYS[i], 't', tostring(levels[i]), 'ts', tostring(now))
     redis.call('EXPIRE', KEYS[i], 600)
   end
 end
-return {tostring(levels[1] or 0), tostring(levels[2] or 0), tostring(wait)}
+return {tostring(levels[1] or 0), tostring(levels[2] or 0), tostring(wait), tostring(reserved)}
 """
 
 
@@ -185,22 +197,25 @@ class RedisRateLimiter:
     async def close(self) -> None:
         await self._redis.aclose()
 
-    async def _run(self, key_id: str, limits: Limits, req: int, itok: int, mode: str) -> tuple[float, float, float]:
+    async def _run(
+        self, key_id: str, limits: Limits, req: int, itok: int, mode: str
+    ) -> tuple[float, float, float, int]:
         now = self._clock()
         keys = [f"{self._prefix}{key_id}:req", f"{self._prefix}{key_id}:itok"]
         args = [now, limits.requests_per_minute or 0, req, limits.input_tokens_per_minute or 0, itok, mode]
         out = await self._script(keys=keys, args=args)
-        return float(out[0]), float(out[1]), float(out[2])
+        return float(out[0]), float(out[1]), float(out[2]), int(float(out[3]))
 
     async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
         now = self._clock()
-        req, itok, wait = await self._run(key_id, limits, 1, input_tokens, "acquire")
+        req, itok, wait, reserved = await self._run(key_id, limits, 1, input_tokens, "acquire")
         rpm, itpm = limits.requests_per_minute, limits.input_tokens_per_minute
         return Decision(
             allowed=wait == 0.0,
             retry_after_s=wait,
             requests=_view(rpm, req, now) if rpm else None,
             input_tokens=_view(itpm, itok, now) if itpm else None,
+            reserved_input_tokens=reserved,
         )
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
