@@ -65,9 +65,7 @@ class InvoiceComputation:
         return (Decimal(100) * self.savings_cents / self.uncached_cents).quantize(Decimal("0.1"))
 
 
-def compute_invoice(
-    *, aggregates: Iterable[UsageAggregate], versions: dict[int, PriceVersion]
-) -> InvoiceComputation:
+def compute_invoice(*, aggregates: Iterable[UsageAggregate], versions: dict[int, PriceVersion]) -> InvoiceComputation:
     """Build the lines for one tenant-month; `versions` must hold every aggregate's price version."""
     rows = sorted(aggregates, key=lambda a: (a.model, versions[a.price_version_id].effective_from))
     lines: list[InvoiceLine] = []

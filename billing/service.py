@@ -28,7 +28,8 @@ from billing.settings import BillingSettings
 from billing.settlement import settle_charge
 from billing.spool import ReplayResult, Spool
 from billing.tokens import TokenCounts
-from kvgate.db import utcnow
+from gateway.models import UsageRecord
+from kvgate.db import insert_ignore, utcnow
 
 log = structlog.get_logger(__name__)
 
@@ -71,7 +72,7 @@ class BillingService:
         pricebook: PriceBook,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
-        self._sessions = sessions
+        self.sessions = sessions
         self.settings = settings
         self.pricebook = pricebook
         self.spool = Spool(settings.spool_path)
@@ -121,7 +122,7 @@ class BillingService:
         return max(0, prompt_tokens) * dearest + max(0, max_output_tokens) * rates.output
 
     async def refresh_prices(self) -> None:
-        async with self._sessions() as session:
+        async with self.sessions() as session:
             self.pricebook = await catalog.load_pricebook(session=session)
 
     # -- per request -----------------------------------------------------------------
@@ -142,7 +143,7 @@ class BillingService:
             model=model, prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, at=now
         )
         try:
-            async with self._sessions() as session:
+            async with self.sessions() as session:
                 try:
                     reservation = await budgets.reserve(
                         session=session,
@@ -170,7 +171,7 @@ class BillingService:
         """Write the ledger entry and settle the budget; spool it if the database is away."""
         version = self.price_for(charge.model, charge.started_at)
         try:
-            async with self._sessions() as session:
+            async with self.sessions() as session:
                 settlement = await settle_charge(
                     session=session, charge=charge, version=version, source="live", now=self._clock()
                 )
@@ -189,6 +190,22 @@ class BillingService:
             spooled=False,
             duplicate=not settlement.inserted,
         )
+
+    def quote(self, charge: UsageCharge) -> SettleOutcome:
+        """The cost of a charge from the in-memory catalog, touching no database."""
+        version = self.price_for(charge.model, charge.started_at)
+        return SettleOutcome(
+            cost_pico=version.cost_pico(charge.counts), price_version_id=version.id, spooled=True, duplicate=False
+        )
+
+    async def spool_with_usage_record(self, charge: UsageCharge, usage_record: dict[str, Any]) -> SettleOutcome:
+        """Spool a request whose usage record (the gateway's usage_records row) could not be written
+        either; replay writes both, in one transaction."""
+        version = self.price_for(charge.model, charge.started_at)
+        record = {**spool_record(charge, version), "usage_record": _jsonable(usage_record)}
+        await asyncio.to_thread(self.spool.append, record)
+        SPOOLED.inc()
+        return self.quote(charge)
 
     # -- spool -----------------------------------------------------------------------
 
@@ -212,10 +229,14 @@ class BillingService:
 
     async def _apply_batch(self, records: list[dict[str, Any]]) -> int:
         applied = 0
-        async with self._sessions() as session:
+        async with self.sessions() as session:
             for record in records:
                 charge, version_id = parse_spool_record(record)
                 version = await self._version_by_id(version_id)
+                if "usage_record" in record:
+                    await insert_ignore(
+                        session, UsageRecord, _usage_record_values(record["usage_record"]), ["request_id"]
+                    )
                 settlement = await settle_charge(
                     session=session, charge=charge, version=version, source="spool", now=self._clock()
                 )
@@ -236,7 +257,7 @@ class BillingService:
 
     async def release_stale_reservations(self) -> int:
         released = 0
-        async with self._sessions() as session:
+        async with self.sessions() as session:
             stale = await budgets.stale_reservations(
                 session=session,
                 older_than=timedelta(seconds=self.settings.reservation_timeout_s),
@@ -284,6 +305,14 @@ def spool_record(charge: UsageCharge, version: PriceVersion) -> dict[str, Any]:
         "ttft_ms": charge.ttft_ms,
         "latency_ms": charge.latency_ms,
     }
+
+
+def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in values.items()}
+
+
+def _usage_record_values(values: dict[str, Any]) -> dict[str, Any]:
+    return {**values, "started_at": datetime.fromisoformat(values["started_at"])}
 
 
 def parse_spool_record(record: dict[str, Any]) -> tuple[UsageCharge, int]:

@@ -106,9 +106,7 @@ def upgrade() -> None:
         sa.Column("note", sa.String(length=500), nullable=False),
         sa.Column("idempotency_key", sa.String(length=200), nullable=True),
         sa.Column("created_at", Timestamp, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"], ["tenants.id"], name=op.f("fk_credit_grants_tenant_id_tenants")
-        ),
+        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_credit_grants_tenant_id_tenants")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_credit_grants")),
         sa.UniqueConstraint("idempotency_key", name=op.f("uq_credit_grants_idempotency_key")),
     )
@@ -169,9 +167,7 @@ def upgrade() -> None:
             ["price_versions.id"],
             name=op.f("fk_ledger_entries_price_version_id_price_versions"),
         ),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"], ["tenants.id"], name=op.f("fk_ledger_entries_tenant_id_tenants")
-        ),
+        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_ledger_entries_tenant_id_tenants")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_ledger_entries")),
         sa.UniqueConstraint("request_id", "kind", name=op.f("uq_ledger_entries_request_id")),
     )
@@ -185,9 +181,7 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.String(length=40), nullable=False),
         sa.Column("stripe_customer_id", sa.String(length=64), nullable=False),
         sa.Column("created_at", Timestamp, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"], ["tenants.id"], name=op.f("fk_stripe_customers_tenant_id_tenants")
-        ),
+        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_stripe_customers_tenant_id_tenants")),
         sa.PrimaryKeyConstraint("tenant_id", name=op.f("pk_stripe_customers")),
         sa.UniqueConstraint("stripe_customer_id", name=op.f("uq_stripe_customers_stripe_customer_id")),
     )
@@ -198,9 +192,7 @@ def upgrade() -> None:
         sa.Column("prepaid", sa.Boolean(), nullable=False),
         sa.Column("credit_granted_pico", sa.BigInteger(), nullable=False),
         sa.Column("updated_at", Timestamp, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["tenant_id"], ["tenants.id"], name=op.f("fk_tenant_budgets_tenant_id_tenants")
-        ),
+        sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_tenant_budgets_tenant_id_tenants")),
         sa.PrimaryKeyConstraint("tenant_id", name=op.f("pk_tenant_budgets")),
     )
     op.create_table(
@@ -211,9 +203,7 @@ def upgrade() -> None:
         sa.Column("amount_cents", sa.BigInteger(), nullable=False),
         sa.Column("reason", sa.String(length=500), nullable=False),
         sa.Column("created_at", Timestamp, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["invoice_id"], ["invoices.id"], name=op.f("fk_credit_notes_invoice_id_invoices")
-        ),
+        sa.ForeignKeyConstraint(["invoice_id"], ["invoices.id"], name=op.f("fk_credit_notes_invoice_id_invoices")),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_credit_notes")),
         sa.UniqueConstraint("number", name=op.f("uq_credit_notes_number")),
     )
@@ -232,9 +222,7 @@ def upgrade() -> None:
         sa.Column("unit_price_usd_per_mtok", Decimal, nullable=False),
         sa.Column("exact_amount_pico", sa.BigInteger(), nullable=False),
         sa.Column("amount_cents", sa.BigInteger(), nullable=False),
-        sa.ForeignKeyConstraint(
-            ["invoice_id"], ["invoices.id"], name=op.f("fk_invoice_lines_invoice_id_invoices")
-        ),
+        sa.ForeignKeyConstraint(["invoice_id"], ["invoices.id"], name=op.f("fk_invoice_lines_invoice_id_invoices")),
         sa.ForeignKeyConstraint(
             ["price_version_id"],
             ["price_versions.id"],
@@ -249,9 +237,7 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.String(length=40), nullable=False),
         sa.Column("monthly_limit_pico", sa.BigInteger(), nullable=True),
         sa.Column("updated_at", Timestamp, nullable=False),
-        sa.ForeignKeyConstraint(
-            ["api_key_id"], ["api_keys.id"], name=op.f("fk_key_budgets_api_key_id_api_keys")
-        ),
+        sa.ForeignKeyConstraint(["api_key_id"], ["api_keys.id"], name=op.f("fk_key_budgets_api_key_id_api_keys")),
         sa.ForeignKeyConstraint(["tenant_id"], ["tenants.id"], name=op.f("fk_key_budgets_tenant_id_tenants")),
         sa.PrimaryKeyConstraint("api_key_id", name=op.f("pk_key_budgets")),
     )
@@ -266,9 +252,7 @@ def upgrade() -> None:
             name=op.f("fk_stripe_invoice_items_invoice_line_id_invoice_lines"),
         ),
         sa.PrimaryKeyConstraint("invoice_line_id", name=op.f("pk_stripe_invoice_items")),
-        sa.UniqueConstraint(
-            "stripe_invoice_item_id", name=op.f("uq_stripe_invoice_items_stripe_invoice_item_id")
-        ),
+        sa.UniqueConstraint("stripe_invoice_item_id", name=op.f("uq_stripe_invoice_items_stripe_invoice_item_id")),
     )
 
     _create_triggers()

@@ -114,3 +114,47 @@ async def make_tenant(sessions: async_sessionmaker[AsyncSession], *, keys: int =
             )
         await session.commit()
     return tenant_id, key_ids
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def localstripe_url() -> Iterator[str]:
+    """localstripe (with tests/billing/localstripe_server.py's two additions) on a free loopback port."""
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from kvgate import REPO_ROOT
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.billing.localstripe_server", "--port", str(port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/v1/customers", auth=("sk_test_kvgate", ""), timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"localstripe did not start: {proc.stderr.read().decode() if proc.stderr else ''}")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

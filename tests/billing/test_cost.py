@@ -104,8 +104,12 @@ def test_inexact_prices_are_refused_not_rounded():
     with pytest.raises(PriceError, match="non-negative"):
         spec("-1", "1")
     with pytest.raises(PriceError, match="time zone"):
-        PriceSpec(model="m", effective_from=datetime(2026, 1, 1), input_usd_per_mtok=Decimal(1),
-                  output_usd_per_mtok=Decimal(1))
+        PriceSpec(
+            model="m",
+            effective_from=datetime(2026, 1, 1),
+            input_usd_per_mtok=Decimal(1),
+            output_usd_per_mtok=Decimal(1),
+        )
 
 
 def test_rounding_is_half_even_to_the_cent():
@@ -151,8 +155,13 @@ def test_price_file_errors_are_clear():
 
 def test_pricebook_picks_the_version_in_force_at_request_start():
     def v(id_, model, month, p_in):
-        return PriceVersion(id=id_, model=model, effective_from=datetime(2026, month, 1, tzinfo=UTC),
-                            input_usd_per_mtok=Decimal(p_in), output_usd_per_mtok=Decimal(1))
+        return PriceVersion(
+            id=id_,
+            model=model,
+            effective_from=datetime(2026, month, 1, tzinfo=UTC),
+            input_usd_per_mtok=Decimal(p_in),
+            output_usd_per_mtok=Decimal(1),
+        )
 
     book = PriceBook([v(1, "a", 1, "1"), v(2, "a", 3, "2"), v(3, "*", 2, "9")])
     assert book.price_for("a", datetime(2026, 2, 28, 23, 59, tzinfo=UTC)).id == 1

@@ -1,0 +1,196 @@
+"""Billing as the gateway sees it: the BillingHooks seam (admit, release, settle, allows_ttl),
+a usage-recorder wrapper that spools when the database is away, and the upkeep task.
+
+The gateway finds this module by name (gateway.app.BILLING_HOOKS_MODULE) and calls
+create_billing_hooks(sessions=..., settings=...) in its lifespan.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from decimal import Decimal
+from pathlib import Path
+
+import structlog
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from billing import budgets, catalog
+from billing.budgets import BudgetExceededError
+from billing.ledger import UsageCharge
+from billing.money import pico_to_usd
+from billing.pricebook import PriceBook
+from billing.prices import load_price_file
+from billing.service import BillingService, is_database_unavailable
+from billing.settings import BillingSettings
+from billing.tokens import TokenCounts
+from gateway.billing_hooks import STANDARD_TTLS_S, Admission
+from gateway.errors import BillingError
+from gateway.settings import GatewaySettings
+from gateway.usage import UsageEvent, UsageRecorder
+from kvgate.db import create_engine, session_factory
+
+log = structlog.get_logger(__name__)
+
+TTL_NAMES = {300: "5m", 3600: "1h", 86400: "24h"}
+
+
+class BudgetExhaustedError(BillingError):
+    """402 billing_error on the Anthropic API; OpenAI spells an exhausted quota 429 insufficient_quota."""
+
+    openai_status = 429
+
+
+def charge_from_event(event: UsageEvent) -> UsageCharge:
+    return UsageCharge(
+        request_id=event.request_id,
+        tenant_id=event.tenant_id,
+        api_key_id=event.api_key_id,
+        model=event.model,
+        endpoint=event.endpoint,
+        status=event.status,
+        started_at=event.started_at,
+        counts=TokenCounts(
+            input=event.input_tokens,
+            cache_write_5m=event.cache_write_5m_tokens,
+            cache_write_1h=event.cache_write_1h_tokens,
+            cache_write_24h=getattr(event, "cache_write_24h_tokens", 0),
+            cache_read=event.cache_read_tokens,
+            output=event.output_tokens,
+        ),
+        ttft_ms=event.ttft_ms,
+        latency_ms=event.latency_ms,
+    )
+
+
+class GatewayBilling:
+    """The gateway's BillingHooks, backed by a BillingService."""
+
+    def __init__(self, service: BillingService) -> None:
+        self.service = service
+        # Requests whose usage record went to the spool: settle() must not write them a second time.
+        self._spooled: set[str] = set()
+        self._stop = asyncio.Event()
+        self._upkeep: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._upkeep is None:
+            self._upkeep = asyncio.get_running_loop().create_task(self.service.run_upkeep(self._stop))
+
+    async def aclose(self) -> None:
+        self._stop.set()
+        if self._upkeep is not None:
+            with contextlib.suppress(Exception):
+                await self._upkeep
+            self._upkeep = None
+
+    async def admit(self, admission: Admission) -> None:
+        try:
+            await self.service.admit(
+                request_id=admission.request_id,
+                tenant_id=admission.tenant_id,
+                api_key_id=admission.api_key_id,
+                model=admission.model,
+                prompt_tokens=admission.prompt_tokens,
+                max_output_tokens=admission.max_output_tokens,
+            )
+        except BudgetExceededError as exc:
+            raise BudgetExhaustedError(str(exc)) from exc
+
+    async def release(self, admission: Admission) -> None:
+        try:
+            async with self.service.sessions() as session:
+                await budgets.release(session=session, request_id=admission.request_id)
+                await session.commit()
+        except Exception as error:
+            if not is_database_unavailable(error):
+                raise
+            log.warning("billing.release_deferred", request_id=admission.request_id, error=str(error))
+
+    async def settle(self, event: UsageEvent) -> Decimal | None:
+        charge = charge_from_event(event)
+        if event.request_id in self._spooled:
+            self._spooled.discard(event.request_id)
+            return pico_to_usd(self.service.quote(charge).cost_pico)
+        return pico_to_usd((await self.service.settle(charge)).cost_pico)
+
+    def allows_ttl(self, *, model: str, ttl_s: int) -> bool:
+        if ttl_s in STANDARD_TTLS_S:
+            return True
+        name = TTL_NAMES.get(ttl_s)
+        return name is not None and self.service.allows_ttl(model=model, ttl=name)
+
+    def wrap_recorder(self, recorder: UsageRecorder) -> UsageRecorder:
+        return SpoolingUsageRecorder(recorder, self)
+
+    async def spool_event(self, event: UsageEvent) -> None:
+        await self.service.spool_with_usage_record(charge_from_event(event), asdict(event))
+        self._spooled.add(event.request_id)
+
+
+class SpoolingUsageRecorder:
+    """The gateway's recorder, with the spool behind it: a record the database cannot take now is
+    kept on local disk and reported as recorded, so billing still settles (and prices) it."""
+
+    def __init__(self, inner: UsageRecorder, billing: GatewayBilling) -> None:
+        self._inner = inner
+        self._billing = billing
+
+    async def record(self, event: UsageEvent) -> bool:
+        try:
+            return await self._inner.record(event)
+        except Exception as error:
+            if not is_database_unavailable(error):
+                raise
+            await self._billing.spool_event(event)
+            log.warning("billing.usage_record_spooled", request_id=event.request_id, error=str(error))
+            return True
+
+
+def default_spool_path(database_url: str) -> Path:
+    """Beside a SQLite database file; otherwise under .kvgate/, one spool per database."""
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
+        return Path(url.database).with_name(Path(url.database).name + ".usage-spool.jsonl")
+    import hashlib
+
+    digest = hashlib.sha256(url.render_as_string(hide_password=True).encode()).hexdigest()[:12]
+    return Path(".kvgate") / f"usage-spool-{digest}.jsonl"
+
+
+def _prepare_catalog(database_url: str, settings: BillingSettings) -> PriceBook:
+    """Seed and load the price catalog on a private loop and engine (the lifespan calls us synchronously)."""
+
+    async def run() -> PriceBook:
+        engine = create_engine(database_url)
+        try:
+            async with session_factory(engine)() as session:
+                await catalog.seed_prices(
+                    session=session, specs=load_price_file(settings.prices_file), source=settings.prices_file.name
+                )
+                await session.commit()
+                return await catalog.load_pricebook(session=session)
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="billing-seed") as pool:
+        return pool.submit(lambda: asyncio.run(run())).result()
+
+
+def create_billing_hooks(
+    *,
+    sessions: async_sessionmaker[AsyncSession],
+    settings: GatewaySettings,
+    billing_settings: BillingSettings | None = None,
+) -> GatewayBilling:
+    billing_settings = billing_settings or BillingSettings()
+    if "spool_path" not in billing_settings.model_fields_set:
+        billing_settings = billing_settings.model_copy(update={"spool_path": default_spool_path(settings.database_url)})
+    book = _prepare_catalog(settings.database_url, billing_settings)
+    hooks = GatewayBilling(BillingService(sessions=sessions, settings=billing_settings, pricebook=book))
+    with contextlib.suppress(RuntimeError):  # no running loop: the caller starts upkeep itself
+        hooks.start()
+    return hooks

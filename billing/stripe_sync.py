@@ -1,0 +1,244 @@
+"""Pushing finalized invoices to Stripe: one customer per tenant, one invoice item per line.
+
+Our ledger is the source of truth; Stripe only receives amounts. Every create
+carries an idempotency key derived from our ids (customer: tenant; item: invoice +
+line; invoice: invoice), so a retried request is answered with the object Stripe
+already made. On top of that, each Stripe id is recorded as soon as it exists and
+items are matched by metadata before creating, so a push interrupted anywhere and
+run again creates nothing twice, even against a server that ignores idempotency
+keys (localstripe does).
+
+Order: pending invoice items first, then the invoice with
+pending_invoice_items_behavior=include (which takes them), then finalize.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import stripe
+import structlog
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from billing.invoices import DRAFT, InvoiceStateError, get_invoice
+from billing.models import Invoice, InvoiceLineRow, StripeCustomer, StripeInvoiceItem
+from billing.settings import BillingSettings
+from billing.tokens import CATEGORY_LABELS, Category
+from gateway.models import Tenant
+from kvgate.db import insert_ignore, utcnow
+
+log = structlog.get_logger(__name__)
+
+_push_locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+
+class StripeSyncError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class PushResult:
+    invoice_id: int
+    stripe_customer_id: str
+    stripe_invoice_id: str
+    items_created: int
+    items_existing: int
+
+
+def client_from_settings(settings: BillingSettings) -> stripe.StripeClient | None:
+    if settings.stripe_api_key is None:
+        return None
+    base = {"api": settings.stripe_api_base} if settings.stripe_api_base else None
+    # Retries are safe: every create below carries an idempotency key.
+    return stripe.StripeClient(settings.stripe_api_key.get_secret_value(), base_addresses=base, max_network_retries=2)
+
+
+def idempotency_key(*parts: object) -> str:
+    return "kvgate-" + "-".join(str(p) for p in parts)
+
+
+async def _call(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    # The SDK's synchronous client, off the event loop.
+    return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+async def ensure_customer(
+    *, sessions: async_sessionmaker[AsyncSession], client: stripe.StripeClient, tenant_id: str
+) -> str:
+    """The tenant's Stripe customer, created once."""
+    async with sessions() as session:
+        row = await session.get(StripeCustomer, tenant_id)
+        if row is not None:
+            return row.stripe_customer_id
+        tenant = await session.get(Tenant, tenant_id)
+        name = tenant.name if tenant else tenant_id
+    customer = await _call(
+        client.v1.customers.create,
+        params={"name": name, "metadata": {"kvgate_tenant_id": tenant_id}},
+        options={"idempotency_key": idempotency_key("customer", tenant_id)},
+    )
+    async with sessions() as session:
+        inserted = await insert_ignore(
+            session,
+            StripeCustomer,
+            {"tenant_id": tenant_id, "stripe_customer_id": customer.id, "created_at": utcnow()},
+            ["tenant_id"],
+        )
+        await session.commit()
+        if not inserted:  # a concurrent push won; keep its customer
+            row = await session.get(StripeCustomer, tenant_id)
+            assert row is not None
+            log.warning(
+                "stripe.duplicate_customer", tenant_id=tenant_id, kept=row.stripe_customer_id, extra=customer.id
+            )
+            return row.stripe_customer_id
+    return customer.id
+
+
+def line_description(line: InvoiceLineRow) -> str:
+    label = CATEGORY_LABELS[Category(line.category)]
+    return f"{line.model} - {label}: {line.tokens:,} tokens at ${line.unit_price_usd_per_mtok}/Mtok"
+
+
+async def push_invoice(
+    *, sessions: async_sessionmaker[AsyncSession], client: stripe.StripeClient, invoice_id: int, currency: str = "usd"
+) -> PushResult:
+    """Mirror a finalized invoice in Stripe; running it again is a no-op."""
+    async with _push_locks[invoice_id]:
+        async with sessions() as session:
+            invoice = await get_invoice(session=session, invoice_id=invoice_id)
+            if invoice.status == DRAFT:
+                raise InvoiceStateError(f"invoice {invoice_id} is a draft; only finalized invoices go to Stripe")
+            lines = (
+                await session.scalars(
+                    select(InvoiceLineRow)
+                    .where(InvoiceLineRow.invoice_id == invoice_id)
+                    .order_by(InvoiceLineRow.position)
+                )
+            ).all()
+            pushed = {
+                row.invoice_line_id: row.stripe_invoice_item_id
+                for row in (
+                    await session.scalars(
+                        select(StripeInvoiceItem).where(StripeInvoiceItem.invoice_line_id.in_([ln.id for ln in lines]))
+                    )
+                ).all()
+            }
+        customer_id = await ensure_customer(sessions=sessions, client=client, tenant_id=invoice.tenant_id)
+        created = existing = 0
+        if invoice.stripe_invoice_id is None:
+            # Items a previous, interrupted run created but did not get to record.
+            found = await _items_by_line(client, customer_id)
+            for line in lines:
+                if line.id in pushed:
+                    existing += 1
+                    continue
+                item_id = found.get(str(line.id))
+                if item_id is None:
+                    item = await _call(
+                        client.v1.invoice_items.create,
+                        params={
+                            "customer": customer_id,
+                            "amount": line.amount_cents,
+                            "currency": currency,
+                            "description": line_description(line),
+                            "metadata": {
+                                "kvgate_invoice_id": str(invoice_id),
+                                "kvgate_invoice_line_id": str(line.id),
+                                "kvgate_invoice_number": invoice.number or "",
+                            },
+                        },
+                        options={"idempotency_key": idempotency_key("invoice", invoice_id, "line", line.position)},
+                    )
+                    item_id = item.id
+                    created += 1
+                else:
+                    existing += 1
+                await _record_item(sessions, line.id, item_id)
+            stripe_invoice_id = await _create_invoice(sessions, client, invoice, customer_id, lines)
+        else:
+            existing = len(lines)
+            stripe_invoice_id = invoice.stripe_invoice_id
+        # Also on a re-push: a run that died between creating and finalizing left a Stripe draft.
+        await _ensure_finalized(client, stripe_invoice_id, invoice_id)
+        return PushResult(
+            invoice_id=invoice_id,
+            stripe_customer_id=customer_id,
+            stripe_invoice_id=stripe_invoice_id,
+            items_created=created,
+            items_existing=existing,
+        )
+
+
+async def _items_by_line(client: stripe.StripeClient, customer_id: str) -> dict[str, str]:
+    items = await _call(client.v1.invoice_items.list, params={"customer": customer_id, "limit": 100})
+    found: dict[str, str] = {}
+    for item in await asyncio.to_thread(lambda: list(items.auto_paging_iter())):
+        line_id = (item.metadata.to_dict() if item.metadata else {}).get("kvgate_invoice_line_id")
+        if line_id is not None and getattr(item, "invoice", None) is None:
+            found[line_id] = item.id
+    return found
+
+
+async def _record_item(sessions: async_sessionmaker[AsyncSession], line_id: int, item_id: str) -> None:
+    async with sessions() as session:
+        await insert_ignore(
+            session,
+            StripeInvoiceItem,
+            {"invoice_line_id": line_id, "stripe_invoice_item_id": item_id, "created_at": utcnow()},
+            ["invoice_line_id"],
+        )
+        await session.commit()
+
+
+async def _create_invoice(
+    sessions: async_sessionmaker[AsyncSession],
+    client: stripe.StripeClient,
+    invoice: Invoice,
+    customer_id: str,
+    lines: list[InvoiceLineRow] | Any,
+) -> str:
+    # Pending items of this customer that are not ours would be swept into this invoice.
+    strays = {
+        k: v for k, v in (await _items_by_line(client, customer_id)).items() if int(k) not in {ln.id for ln in lines}
+    }
+    if strays:
+        raise StripeSyncError(
+            f"customer {customer_id} has pending items of other invoice lines {sorted(strays)}; push those first"
+        )
+    created = await _call(
+        client.v1.invoices.create,
+        params={
+            "customer": customer_id,
+            "description": f"kvgate usage {invoice.period_start:%Y-%m} ({invoice.number})",
+            "metadata": {"kvgate_invoice_id": str(invoice.id), "kvgate_invoice_number": invoice.number or ""},
+            "pending_invoice_items_behavior": "include",
+        },
+        options={"idempotency_key": idempotency_key("invoice", invoice.id)},
+    )
+    async with sessions() as session:
+        await session.execute(
+            update(Invoice)
+            .where(Invoice.id == invoice.id, Invoice.stripe_invoice_id.is_(None))
+            .values(stripe_invoice_id=created.id, stripe_pushed_at=utcnow())
+        )
+        await session.commit()
+    total = sum(line.amount_cents for line in lines)
+    stripe_total = sum(line.amount for line in created.lines.data)
+    if stripe_total != total:
+        raise StripeSyncError(f"Stripe invoice {created.id} totals {stripe_total} cents, ours {total}")
+    return created.id
+
+
+async def _ensure_finalized(client: stripe.StripeClient, stripe_invoice_id: str, invoice_id: int) -> None:
+    remote = await _call(client.v1.invoices.retrieve, stripe_invoice_id)
+    if remote.status == "draft":
+        await _call(
+            client.v1.invoices.finalize_invoice,
+            stripe_invoice_id,
+            options={"idempotency_key": idempotency_key("invoice", invoice_id, "finalize")},
+        )

@@ -1,0 +1,138 @@
+"""Reading the ledger for people: filtered usage lists and summaries by day, model or key."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from sqlalchemy import Select, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from billing.csv_export import UsageRow
+from billing.models import LedgerEntry
+from billing.tokens import TokenCounts
+
+GroupBy = Literal["day", "model", "key"]
+GROUP_BYS: tuple[GroupBy, ...] = ("day", "model", "key")
+
+
+class UsageQueryError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class UsageFilter:
+    tenant_id: str | None = None
+    api_key_id: str | None = None
+    model: str | None = None
+    start: datetime | None = None
+    """Inclusive; compared with the request's start time."""
+    end: datetime | None = None
+    """Exclusive."""
+
+    def __post_init__(self) -> None:
+        for name in ("start", "end"):
+            value = getattr(self, name)
+            if value is not None and value.tzinfo is None:
+                raise UsageQueryError(f"{name} must carry a time zone (e.g. 2026-03-01T00:00:00Z)")
+        if self.start and self.end and self.end <= self.start:
+            raise UsageQueryError("end must be after start")
+
+    def apply(self, query: Select) -> Select:  # type: ignore[type-arg]
+        if self.tenant_id is not None:
+            query = query.where(LedgerEntry.tenant_id == self.tenant_id)
+        if self.api_key_id is not None:
+            query = query.where(LedgerEntry.api_key_id == self.api_key_id)
+        if self.model is not None:
+            query = query.where(LedgerEntry.model == self.model)
+        if self.start is not None:
+            query = query.where(LedgerEntry.started_at >= self.start)
+        if self.end is not None:
+            query = query.where(LedgerEntry.started_at < self.end)
+        return query
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    key: str | None
+    requests: int
+    counts: TokenCounts
+    cost_pico: int
+    uncached_cost_pico: int
+
+
+def to_row(entry: LedgerEntry) -> UsageRow:
+    return UsageRow(**{name: getattr(entry, name) for name in UsageRow.__dataclass_fields__})
+
+
+async def list_usage(
+    *, session: AsyncSession, where: UsageFilter, limit: int = 100, after_id: int | None = None
+) -> list[UsageRow]:
+    """Entries in id order (stable pagination: pass the last id as after_id)."""
+    if not 1 <= limit <= 10_000:
+        raise UsageQueryError("limit must be between 1 and 10000")
+    query = where.apply(select(LedgerEntry)).order_by(LedgerEntry.id).limit(limit)
+    if after_id is not None:
+        query = query.where(LedgerEntry.id > after_id)
+    return [to_row(entry) for entry in (await session.scalars(query)).all()]
+
+
+async def iter_usage(*, session: AsyncSession, where: UsageFilter, page: int = 1000) -> AsyncIterator[UsageRow]:
+    """Every matching entry, a page at a time (for CSV exports of any size)."""
+    after: int | None = None
+    while True:
+        rows = await list_usage(session=session, where=where, limit=page, after_id=after)
+        for row in rows:
+            yield row
+        if len(rows) < page:
+            return
+        after = rows[-1].id
+
+
+def _day(session: AsyncSession):  # type: ignore[no-untyped-def]
+    if session.bind.dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", LedgerEntry.started_at), "YYYY-MM-DD")
+    # SQLite keeps UTC timestamps as ISO text: the first ten characters are the day.
+    return func.substr(LedgerEntry.started_at, 1, 10)
+
+
+async def summarize(*, session: AsyncSession, where: UsageFilter, group_by: GroupBy) -> list[SummaryRow]:
+    if group_by not in GROUP_BYS:
+        raise UsageQueryError(f"group_by must be one of {', '.join(GROUP_BYS)}")
+    key = {"day": _day(session), "model": LedgerEntry.model, "key": LedgerEntry.api_key_id}[group_by].label("key")
+    sums = [
+        func.sum(column)
+        for column in (
+            LedgerEntry.input_tokens,
+            LedgerEntry.cache_write_5m_tokens,
+            LedgerEntry.cache_write_1h_tokens,
+            LedgerEntry.cache_write_24h_tokens,
+            LedgerEntry.cache_read_tokens,
+            LedgerEntry.output_tokens,
+        )
+    ]
+    query = (
+        where.apply(
+            select(
+                key,
+                func.count().filter(LedgerEntry.kind == "usage") - func.count().filter(LedgerEntry.kind == "reversal"),
+                *sums,
+                func.sum(LedgerEntry.cost_pico),
+                func.sum(LedgerEntry.uncached_cost_pico),
+            )
+        )
+        .group_by(key)
+        .order_by(key)
+    )
+    return [
+        SummaryRow(
+            key=row[0],
+            requests=int(row[1]),
+            counts=TokenCounts(*(int(v) for v in row[2:8])),
+            cost_pico=int(row[8]),
+            uncached_cost_pico=int(row[9]),
+        )
+        for row in (await session.execute(query)).all()
+    ]
