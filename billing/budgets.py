@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
 from billing.periods import month_start, period_key
+from gateway.models import ApiKey, Tenant
 from kvgate.db import insert_ignore, utcnow
 
 TENANT_MONTH = "tenant_month"
@@ -32,6 +33,15 @@ ALL_TIME = "all"
 
 class BudgetError(ValueError):
     pass
+
+
+class UnknownOwnerError(BudgetError):
+    pass
+
+
+async def _require_tenant(session: AsyncSession, tenant_id: str) -> None:
+    if await session.get(Tenant, tenant_id) is None:
+        raise UnknownOwnerError(f"no tenant {tenant_id}")
 
 
 class BudgetExceededError(Exception):
@@ -104,6 +114,7 @@ async def set_tenant_budget(
 ) -> TenantBudget:
     if monthly_limit_pico is not None and monthly_limit_pico < 0:
         raise BudgetError("monthly limit must not be negative")
+    await _require_tenant(session, tenant_id)
     await insert_ignore(
         session,
         TenantBudget,
@@ -124,6 +135,9 @@ async def set_key_budget(
 ) -> KeyBudget:
     if monthly_limit_pico is not None and monthly_limit_pico < 0:
         raise BudgetError("monthly limit must not be negative")
+    key = await session.get(ApiKey, api_key_id)
+    if key is None or key.tenant_id != tenant_id:
+        raise UnknownOwnerError(f"no API key {api_key_id} for tenant {tenant_id}")
     await insert_ignore(
         session,
         KeyBudget,
@@ -151,6 +165,7 @@ async def grant_credit(
     """Add prepaid credit; with an idempotency key a repeated grant is returned, not added again."""
     if amount_pico <= 0:
         raise BudgetError("a credit grant must be positive")
+    await _require_tenant(session, tenant_id)
     if idempotency_key is not None:
         existing = await session.scalar(select(CreditGrant).where(CreditGrant.idempotency_key == idempotency_key))
         if existing is not None:
