@@ -80,6 +80,11 @@ def create_app(
             )
         engine = engine_factory()
         await engine.start()
+        hooks = billing or _discover_billing(sessions, settings)
+        usage_recorder = recorder or DatabaseUsageRecorder(sessions)
+        wrap = getattr(hooks, "wrap_recorder", None)
+        if wrap is not None:
+            usage_recorder = wrap(usage_recorder)
         rate_limiter = limiter or (RedisRateLimiter(settings.redis_url) if settings.redis_url else MemoryRateLimiter())
         gw = Gateway(
             settings=settings,
@@ -87,8 +92,8 @@ def create_app(
             renderer=PromptRenderer(apply_chat_template=engine.apply_chat_template, tokenizer=engine.tokenizer),
             sessions=sessions,
             limiter=rate_limiter,
-            recorder=recorder or DatabaseUsageRecorder(sessions),
-            billing=billing or _discover_billing(sessions, settings),
+            recorder=usage_recorder,
+            billing=hooks,
             secret=secret,
             admin=admin,
         )
@@ -97,6 +102,9 @@ def create_app(
             yield
         finally:
             await gw.drain()
+            close = getattr(hooks, "aclose", None)
+            if close is not None:
+                await close()
             await engine.shutdown()
             if isinstance(rate_limiter, RedisRateLimiter):
                 await rate_limiter.close()

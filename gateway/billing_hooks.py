@@ -1,7 +1,11 @@
 """The seam through which billing admits requests before the engine runs and settles them after.
 
-app.state.billing holds an object with this shape; the default admits everything
-and settles nothing. Billing installs its own (see docs/architecture.md).
+app.state.gateway.billing holds an object with this shape; the default admits
+everything and settles nothing. Billing installs its own (see docs/architecture.md).
+
+Two optional methods are used when present: wrap_recorder(recorder) -> UsageRecorder
+(to put billing's own handling around usage records) and aclose() (called at
+shutdown, after in-flight requests have finished).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ import structlog
 from gateway.billing_hooks import Admission
 from gateway.engine import Handle
 from gateway.errors import InvalidRequestError, OverloadedError, RateLimitError
+from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
 from gateway.security import tenant_salt
@@ -198,7 +199,7 @@ class Generation:
             if await self.gw.recorder.record(event):
                 cost = await self.gw.billing.settle(event)
         except Exception:
-            log.exception("usage_record_failed", request_id=event.request_id)
+            log_failure(log, "usage_record_failed", request_id=event.request_id)
         if self.limits.input_tokens_per_minute is not None:
             try:
                 # Cache reads do not count toward the input-token limit.
@@ -209,7 +210,7 @@ class Generation:
                     input_tokens=self.reserved_input - (counts.prompt - counts.read),
                 )
             except Exception:
-                log.exception("rate_limit_settle_failed", request_id=event.request_id)
+                log_failure(log, "rate_limit_settle_failed", request_id=event.request_id)
         self.ctx.log.update(
             status_detail=status,
             prompt_tokens=counts.prompt,

@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import dialect_for, render_error
 from gateway.errors import ApiError, GatewayError, RequestTooLargeError
+from gateway.logs import log_failure
 from kvgate.db import utcnow
 
 log = structlog.get_logger("kvgate.request")
@@ -85,7 +86,7 @@ class RequestContextMiddleware:
                 if not started:
                     await fail(RequestTooLargeError(f"request body exceeds {self.max_body_bytes} bytes"))
             except Exception:
-                log.exception("unhandled_error", path=path)
+                log_failure(log, "unhandled_error", path=path)
                 if not started:
                     await fail(ApiError("Internal server error"))
             finally:

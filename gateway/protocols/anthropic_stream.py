@@ -7,6 +7,7 @@ from collections.abc import AsyncGenerator
 import structlog
 
 from gateway.generation import Finished, Generation, TokenCounts
+from gateway.logs import log_failure
 from gateway.protocols.anthropic import (
     AnthropicUsage,
     CacheCreation,
@@ -108,7 +109,7 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
         )
         yield event("message_stop", {"type": "message_stop"})
     except Exception:
-        log.exception("stream_failed", request_id=request_id)
+        log_failure(log, "stream_failed", request_id=request_id)
         yield event("error", {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}})
     finally:
         if not done:

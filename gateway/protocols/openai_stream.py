@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 
 from gateway.generation import Finished, Generation
+from gateway.logs import log_failure
 from gateway.protocols.openai import (
     AssistantMessage,
     ChatCompletion,
@@ -78,7 +79,7 @@ async def chunk_events(
             yield event(None, {**base, "choices": [], "usage": usage})
         yield event(None, "[DONE]")
     except Exception:
-        log.exception("stream_failed", request_id=request_id)
+        log_failure(log, "stream_failed", request_id=request_id)
         error = {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
         yield event(None, {"error": error})
     finally:

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ import sqlalchemy as sa
 import uvicorn
 
 from gateway.app import create_app
+from gateway.billing_hooks import STANDARD_TTLS_S, Admission
+from gateway.errors import BillingError
 from gateway.settings import GatewaySettings
+from gateway.usage import UsageEvent
 from inference.async_engine import AsyncEngine
 from inference.clock import ManualClock
 from inference.settings import EngineSettings
@@ -68,6 +72,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class ScriptedBilling:
+    """A BillingHooks for tests: admits and prices nothing unless told to, per tenant."""
+
+    def __init__(self) -> None:
+        self.refuse: set[str] = set()
+        self.crash: set[str] = set()
+        self.price: dict[str, Decimal] = {}
+        self.admitted: list[Admission] = []
+        self.released: list[str] = []
+        self.settled: list[UsageEvent] = []
+
+    async def admit(self, admission: Admission) -> None:
+        if admission.tenant_id in self.crash:
+            raise RuntimeError("billing blew up")
+        if admission.tenant_id in self.refuse:
+            raise BillingError("this organization's credit balance is too low")
+        self.admitted.append(admission)
+
+    async def release(self, admission: Admission) -> None:
+        self.released.append(admission.request_id)
+
+    async def settle(self, event: UsageEvent) -> Decimal | None:
+        self.settled.append(event)
+        return self.price.get(event.tenant_id)
+
+    def allows_ttl(self, *, model: str, ttl_s: int) -> bool:
+        return ttl_s in STANDARD_TTLS_S
+
+
 @dataclass
 class Key:
     tenant_id: str
@@ -82,6 +115,7 @@ class GatewayServer:
         model_dir: Path,
         database_url: str,
         engine_overrides: dict[str, Any] | None = None,
+        billing: Any = None,
         **settings: Any,
     ) -> None:
         self.database_url = database_url
@@ -98,8 +132,12 @@ class GatewayServer:
             port=self.port,
             **{"min_cacheable_tokens": 64, **settings},
         )
+        # Billing's own hooks are tested by billing; here the seam gets a scripted one unless a test passes one.
+        self.billing = billing if billing is not None else ScriptedBilling()
         self.app = create_app(
-            self.settings, engine_factory=lambda: AsyncEngine.from_settings(engine_settings, clock=self.clock)
+            self.settings,
+            engine_factory=lambda: AsyncEngine.from_settings(engine_settings, clock=self.clock),
+            billing=self.billing,
         )
         self._server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
