@@ -102,7 +102,7 @@ def _inputs(body: SamplingFields, prompt: list[int], max_tokens: int | None, eng
         seed=body.seed,
         stop=stop,
         stop_token_ids=tuple(body.stop_token_ids or ()),
-        ignore_eos=body.ignore_eos,
+        ignore_eos=bool(body.ignore_eos),
     )
     regions = None
     if body.cache_regions is not None:
@@ -111,6 +111,6 @@ def _inputs(body: SamplingFields, prompt: list[int], max_tokens: int | None, eng
         prompt_token_ids=prompt,
         params=params,
         cache=CacheSpec(salt=body.cache_salt, regions=regions),
-        stream=body.stream,
+        stream=bool(body.stream),
         include_usage=body.stream_options is not None and body.stream_options.include_usage,
     )

@@ -46,9 +46,10 @@ class SamplingFields(_Body):
     seed: Seed | None = None
     stop: str | list[str] | None = None
     stop_token_ids: TokenIds | None = None
-    ignore_eos: bool = False
-    n: int = 1
-    stream: bool = False
+    # Optional as in vLLM: some clients send null for "the default".
+    ignore_eos: bool | None = False
+    n: int | None = 1
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     cache_salt: str | None = None
@@ -63,8 +64,8 @@ class SamplingFields(_Body):
 
     @field_validator("n")
     @classmethod
-    def _one_choice(cls, value: int) -> int:
-        if value != 1:
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
             raise ValueError("only n=1 is supported; send one request per choice")
         return value
 
@@ -72,7 +73,7 @@ class SamplingFields(_Body):
 class CompletionRequest(SamplingFields):
     prompt: str | TokenIds | list[str] | list[TokenIds]
     max_tokens: MaxTokens | None = 16
-    echo: bool = False
+    echo: bool | None = False
     logprobs: int | None = None
     best_of: int | None = None
     suffix: str | None = None
@@ -94,7 +95,7 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

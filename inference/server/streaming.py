@@ -108,4 +108,5 @@ async def result_unless_disconnected(handle: RequestHandle, request: Request) ->
         if not result.done():
             result.cancel()
             handle.cancel()
-    return result.result() if not result.cancelled() else None
+    # A cancelled task is not done until the loop runs it again: test done(), not cancelled().
+    return result.result() if result.done() else None

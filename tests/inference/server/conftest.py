@@ -76,7 +76,7 @@ def serve(settings: EngineSettings) -> Iterator[RunningServer]:
 
 
 def tiny_settings(model_dir: Path, **overrides: Any) -> EngineSettings:
-    return EngineSettings(model=str(model_dir), dtype="float32", kv_cache_gib=0.05, **overrides)
+    return EngineSettings(**{"model": str(model_dir), "dtype": "float32", "kv_cache_gib": 0.05, **overrides})
 
 
 @pytest.fixture(scope="module")

@@ -124,3 +124,10 @@ def test_seed_repeats_and_other_seed_differs(tiny_server: RunningServer, client:
     first = sample(7)
     assert sample(7) == first
     assert sample(8) != first
+
+
+def test_null_means_the_default(tiny_server: RunningServer) -> None:
+    body = {"prompt": "Hi", "max_tokens": 2, "n": None, "stream": None, "ignore_eos": None, "temperature": None}
+    response = httpx.post(f"{tiny_server.url}/v1/completions", json={**body, "stop": None, "echo": None})
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] <= 2
