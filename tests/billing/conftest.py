@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import catalog
 from billing.pricebook import PriceBook
-from billing.prices import PriceSpec
+from billing.prices import PriceSpec, load_price_file
 from gateway.models import ApiKey, Tenant
 from kvgate.db import create_engine, migrate, session_factory
 
@@ -84,8 +84,10 @@ async def sessions(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession
 
 @pytest.fixture(scope="session")
 async def pricebook(sessions: async_sessionmaker[AsyncSession]) -> PriceBook:
-    """Test prices: 'm-test' at $3/$15 per Mtok (24h writes at 1.5x), and a '*' fallback."""
+    """Test prices: 'm-test' at $3/$15 per Mtok (24h writes at 1.5x), plus the real seed file
+    (its '*' fallback is $0.10/$0.40), which the gateway under test seeds into the same database."""
     specs = [
+        *load_price_file(),
         PriceSpec(
             model="m-test",
             effective_from=T0,
@@ -93,7 +95,6 @@ async def pricebook(sessions: async_sessionmaker[AsyncSession]) -> PriceBook:
             output_usd_per_mtok=Decimal(15),
             cache_write_24h_multiplier=Decimal("1.5"),
         ),
-        PriceSpec(model="*", effective_from=T0, input_usd_per_mtok=Decimal(1), output_usd_per_mtok=Decimal(2)),
     ]
     async with sessions() as session:
         await catalog.seed_prices(session=session, specs=specs, source="tests")

@@ -64,7 +64,7 @@ async def test_unknown_model_is_priced_by_the_fallback(sessions, pricebook):
         pricebook,
         charge(tenant, key, f"req-{tenant}", model="other", counts=TokenCounts(input=1000, output=1000)),
     )
-    assert result.cost_pico == (1000 * 1 + 1000 * 2) * 10**6
+    assert result.cost_pico == (1000 * 100_000 + 1000 * 400_000)  # '*': $0.10 / $0.40 per Mtok
 
 
 async def test_reversal_negates_and_is_idempotent(sessions, pricebook):
