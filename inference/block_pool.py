@@ -113,6 +113,8 @@ class BlockPool:
         self.on_evict = on_evict
         self.num_evictions = 0
         self.num_expired_evictions = 0
+        # Kept by hand so other threads (metrics) can read it without walking the queues.
+        self._num_free = num_blocks
         for block in self.blocks:
             self.empty.append(block)
 
@@ -122,7 +124,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self.empty) + sum(len(q) for q in self.by_ttl.values())
+        return self._num_free
 
     @property
     def num_used(self) -> int:
@@ -150,6 +152,7 @@ class BlockPool:
         for block, ttl in zip(blocks, ttl_s, strict=True):
             if block.ref_count == 0:
                 block.queue.remove(block)  # type: ignore[union-attr]
+                self._num_free -= 1
             block.ref_count += 1
             block.ttl_s = max(block.ttl_s, ttl)
             block.last_used = now
@@ -161,6 +164,7 @@ class BlockPool:
         for _ in range(n):
             block = self._pick_victim(now)
             block.queue.remove(block)  # type: ignore[union-attr]
+            self._num_free -= 1
             if block.block_hash is not None:
                 self.num_evictions += 1
                 if block.expires_at <= now:
@@ -198,6 +202,7 @@ class BlockPool:
                 block.last_used = now
                 block.expires_at = now + block.ttl_s
                 self._requeue(block)
+                self._num_free += 1
 
     def _requeue(self, block: KVBlock) -> None:
         if block.queue is not None:
@@ -242,7 +247,7 @@ class BlockPool:
                 assert queue.key == EMPTY or block.ttl_s == queue.key
                 queued += 1
             assert queued >= 0
-        assert queued == self.num_free
+        assert queued == self.num_free == len(self.empty) + sum(len(q) for q in self.by_ttl.values())
         for block in self.blocks:
             assert block.ref_count >= 0
             assert (block.ref_count == 0) == (block.queue is not None), block

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -13,7 +14,7 @@ from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.detokenizer import IncrementalDetokenizer
 from inference.hashing import BlockHasher
-from inference.kv_cache_manager import KVCacheManager, commit_ttls
+from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
 from inference.model_loader import LoadedModel, load_model
 from inference.model_runner import Chunk, ModelRunner
 from inference.paged_attention import KVTensors
@@ -97,7 +98,8 @@ class Engine:
         self._tracked: dict[str, _Tracked] = {}
         # Tests hook this to see the float32 logits each sampled token came from.
         self.logits_observer: Callable[[list[str], torch.Tensor], None] | None = None
-        self.ttfts: list[float] = []  # drained by the metrics exporter
+        # Drained by the metrics exporter; bounded so an engine nobody scrapes does not grow.
+        self.ttfts: deque[float] = deque(maxlen=10_000)
         log.info(
             "engine_ready",
             model=self.model_id,
@@ -152,6 +154,12 @@ class Engine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params, cache)
         prompt = list(prompt_token_ids)
+        ttls = commit_ttls(
+            num_prompt_tokens=len(prompt),
+            block_size=self.block_size,
+            cache=cache,
+            default_ttl_s=self.settings.default_ttl_s,
+        )
         request = Request(
             request_id=request_id,
             prompt_token_ids=prompt,
@@ -160,11 +168,9 @@ class Engine:
             arrival_time=time.monotonic(),
             block_size=self.block_size,
             block_hashes=self.hasher.hash_blocks(prompt, cache.salt),
-            commit_ttls=commit_ttls(
-                num_prompt_tokens=len(prompt),
-                block_size=self.block_size,
-                cache=cache,
-                default_ttl_s=self.settings.default_ttl_s,
+            commit_ttls=ttls,
+            split_points=split_points(
+                num_prompt_tokens=len(prompt), block_size=self.block_size, cache=cache, commit_blocks=len(ttls)
             ),
         )
         self._tracked[request_id] = _Tracked(

@@ -31,6 +31,19 @@ def commit_ttls(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, de
     return ttls
 
 
+def split_points(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, commit_blocks: int) -> list[int]:
+    """Where prefill passes must end: at the last full block of every region, and of the commits.
+
+    A later request that hits up to any of these points then repeats the very passes
+    this one ran from there on, on the KV it stored, so its output is the same.
+    """
+    last = (num_prompt_tokens - 1) // block_size
+    points = {commit_blocks * block_size}
+    for region in cache.regions or ():
+        points.add(min(region.end // block_size, last) * block_size)
+    return sorted(p for p in points if p > 0)
+
+
 class KVCacheManager:
     def __init__(self, *, pool: BlockPool, hasher: BlockHasher, clock: Clock) -> None:
         self.pool = pool

@@ -84,14 +84,11 @@ class EngineMetrics:
         core = self.engine.core
         if core is None:
             return
-        # The engine thread only appends, so the first n entries are stable to copy and drop.
+        # The engine thread appends on the right; popleft is atomic, so draining is safe.
         ttfts = core.ttfts
-        n = len(ttfts)
-        if n:
-            observe = self._ttft.labels(core.model_id).observe
-            for value in ttfts[:n]:
-                observe(value)
-            del ttfts[:n]
+        observe = self._ttft.labels(core.model_id).observe
+        while ttfts:
+            observe(ttfts.popleft())
 
     def collect(self) -> Iterator[Metric]:
         self._drain_ttfts()

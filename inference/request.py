@@ -28,6 +28,9 @@ class Request:
     # (len(commit_ttls) <= len(block_hashes): blocks past it are never committed).
     block_hashes: list[BlockHash]
     commit_ttls: list[int]
+    # Token offsets where prefill passes end (ascending): each region's last full block and
+    # the commit boundary. See Scheduler.chunk_len.
+    split_points: list[int]
     status: RequestStatus = RequestStatus.WAITING
     output_token_ids: list[int] = field(default_factory=list)
     blocks: list[KVBlock] = field(default_factory=list)
@@ -58,8 +61,3 @@ class Request:
         if end <= n:
             return self.prompt_token_ids[start:end]
         return (self.prompt_token_ids + self.output_token_ids)[start:end]
-
-    @property
-    def commit_boundary(self) -> int:
-        """Token offset where this request's committed blocks end: a warm rerun's hit ends here."""
-        return len(self.commit_ttls) * self.block_size

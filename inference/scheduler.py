@@ -48,15 +48,17 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def chunk_len(self, request: Request, start: int, budget: int) -> int:
-        """Tokens to compute from `start`: a prefill stops at the commit boundary.
+        """Tokens to compute from `start`: a prefill pass stops at the next split point.
 
-        Computing the positions past the last committed block in a pass of their own
-        makes a cold run do exactly what a warm rerun will: the rerun hits up to the
-        boundary and then repeats that same pass on the same cached KV.
+        Computing what lies past a cacheable point in passes of their own makes a cold
+        run do exactly what a warm run will: one that hits up to that point repeats
+        the same passes on the same cached KV, so its logits are bit-identical.
         """
         target = request.num_tokens
-        if start < request.commit_boundary:
-            target = request.commit_boundary
+        for point in request.split_points:
+            if start < point:
+                target = point
+                break
         return min(target - start, budget)
 
     def schedule(self) -> list[ScheduledChunk]:

@@ -1,0 +1,31 @@
+"""Small builders shared by the engine tests."""
+
+from __future__ import annotations
+
+import random
+
+from inference.types import RequestOutput, SamplingParams, Usage
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+
+
+def random_prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+def assert_usage_invariant(usage: Usage) -> None:
+    assert usage.cached_tokens >= 0 and usage.cache_write_tokens >= 0
+    assert usage.cached_tokens + usage.cache_write_tokens + usage.uncached_tokens == usage.prompt_tokens
+    assert usage.uncached_tokens >= 0
+    assert sum(usage.cache_write_tokens_by_ttl.values()) == usage.cache_write_tokens
+    assert usage.cached_tokens_by_tier.total == usage.cached_tokens
+
+
+def full_blocks_before_last(n: int, block_size: int = 16) -> int:
+    """What repeating an n-token prompt reads: floor((n - 1) / 16) * 16."""
+    return (n - 1) // block_size * block_size
+
+
+def checked(out: RequestOutput) -> RequestOutput:
+    assert_usage_invariant(out.usage)
+    return out

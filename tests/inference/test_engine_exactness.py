@@ -1,0 +1,147 @@
+"""A cache hit changes nothing: warm output equals cold output, logits included."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.engine import Engine
+from inference.model_loader import load_model
+from inference.settings import EngineSettings
+from inference.types import CacheRegion, CacheSpec, SamplingParams
+from tests.inference.helpers import checked, random_prompt
+
+GREEDY_32 = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+
+
+def first_logits(engine: Engine, prompt: list[int], cache: CacheSpec | None = None) -> tuple[torch.Tensor, int]:
+    seen: dict[str, torch.Tensor] = {}
+
+    def observe(ids: list[str], logits: torch.Tensor) -> None:
+        for rid, row in zip(ids, logits, strict=True):
+            seen.setdefault(rid, row.clone())
+
+    engine.logits_observer = observe
+    rid = f"logits-{random.random()}"
+    out = checked(engine.generate(prompt, SamplingParams(max_tokens=1, temperature=0), cache, request_id=rid))
+    engine.logits_observer = None
+    return seen[rid], out.usage.cached_tokens
+
+
+def reference_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
+    """Plain transformers, no kvgate code in the path."""
+    model = load_model(EngineSettings(model=str(model_dir), dtype="float32")).model
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        return model(torch.tensor([prompt])).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_first_token_logits_with_a_prefix_hit_match_a_cold_run(make_engine, request, model_fixture):
+    model_dir = request.getfixturevalue(model_fixture)
+    rng = random.Random(11)
+    base = random_prompt(rng, 150)
+    longer = base + random_prompt(rng, 70)
+    reference = reference_logits(model_dir, longer)
+
+    cold_engine = make_engine(model_dir)
+    cold, cold_hit = first_logits(cold_engine, longer)
+    warm_engine = make_engine(model_dir)
+    first_logits(warm_engine, base)
+    warm, warm_hit = first_logits(warm_engine, longer)  # extends a cached prompt mid-way
+    rerun, rerun_hit = first_logits(warm_engine, longer)
+
+    assert (cold_hit, warm_hit, rerun_hit) == (0, 144, 208)
+    assert torch.allclose(warm, cold, atol=1e-5, rtol=0)
+    assert torch.allclose(rerun, cold, atol=1e-5, rtol=0)
+    assert torch.allclose(cold, reference, atol=1e-5, rtol=0)
+    # The comparison can fail: another prompt's logits are far away.
+    other, _ = first_logits(cold_engine, random_prompt(rng, 220))
+    assert not torch.allclose(other, cold, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_greedy_continuations_are_identical_cold_and_warm(make_engine, request, model_fixture):
+    engine = make_engine(request.getfixturevalue(model_fixture))
+    rng = random.Random(12)
+    outputs = set()
+    for n in (17, 64, 130, 333):
+        prompt = random_prompt(rng, n)
+        cold = checked(engine.generate(prompt, GREEDY_32))
+        warm = checked(engine.generate(prompt, GREEDY_32))
+        assert warm.usage.cached_tokens > 0
+        assert warm.token_ids == cold.token_ids
+        outputs.add(cold.token_ids)
+    assert len(outputs) == 4  # different prompts do give different continuations
+
+
+def two_breakpoints(base_len: int, total: int) -> CacheSpec:
+    return CacheSpec(regions=(CacheRegion(base_len, 300), CacheRegion(total, 300)))
+
+
+def test_extending_a_cached_prompt_gives_the_cold_output(make_engine, tiny_llama_dir):
+    rng = random.Random(13)
+    warm_engine = make_engine(tiny_llama_dir)
+    for _ in range(3):
+        base = random_prompt(rng, rng.randrange(40, 200))
+        longer = base + random_prompt(rng, rng.randrange(20, 150))
+        spec = two_breakpoints(len(base), len(longer))
+        cold = checked(make_engine(tiny_llama_dir).generate(longer, GREEDY_32, spec))
+        checked(warm_engine.generate(base, GREEDY_32, CacheSpec(regions=(CacheRegion(len(base), 300),))))
+        warm = checked(warm_engine.generate(longer, GREEDY_32, spec))
+        assert warm.usage.cached_tokens == (len(base) - 1) // 16 * 16 or warm.usage.cached_tokens == len(base) // 16 * 16
+        assert warm.token_ids == cold.token_ids
+
+
+# -- the real model, bf16 --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2(smollm2_dir):
+    return load_model(EngineSettings())
+
+
+def smollm2_engine(loaded) -> Engine:
+    return Engine(EngineSettings(kv_cache_gib=0.25), loaded=loaded)
+
+
+@pytest.mark.smollm2
+def test_smollm2_bf16_warm_equals_cold_over_20_random_prompts(smollm2):
+    assert smollm2.dtype == torch.bfloat16 or not torch.cuda.is_available()
+    engine = smollm2_engine(smollm2)
+    rng = random.Random(14)
+    for _ in range(20):
+        prompt = random_prompt(rng, rng.randrange(20, 300))
+        cold = checked(engine.generate(prompt, GREEDY_32))
+        warm = checked(engine.generate(prompt, GREEDY_32))
+        assert warm.usage.cached_tokens == (len(prompt) - 1) // 16 * 16
+        assert warm.token_ids == cold.token_ids
+
+
+@pytest.mark.smollm2
+def test_smollm2_bf16_extension_of_a_cached_prompt_equals_cold(smollm2):
+    warm_engine = smollm2_engine(smollm2)
+    rng = random.Random(15)
+    for _ in range(5):
+        base = random_prompt(rng, rng.randrange(40, 250))
+        longer = base + random_prompt(rng, rng.randrange(20, 200))
+        spec = two_breakpoints(len(base), len(longer))
+        cold = checked(smollm2_engine(smollm2).generate(longer, GREEDY_32, spec))
+        checked(warm_engine.generate(base, GREEDY_32, CacheSpec(regions=(CacheRegion(len(base), 300),))))
+        warm = checked(warm_engine.generate(longer, GREEDY_32, spec))
+        assert warm.usage.cached_tokens > 0
+        assert warm.token_ids == cold.token_ids
+
+
+@pytest.mark.smollm2
+def test_smollm2_knows_the_capital_of_france(smollm2):
+    engine = smollm2_engine(smollm2)
+    text = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+    )
+    out = engine.generate(engine.tokenizer.encode(text), SamplingParams(max_tokens=32, temperature=0))
+    assert "Paris" in out.text
+    assert out.finish_reason == "stop"
