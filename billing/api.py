@@ -11,7 +11,7 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import HTMLResponse, Response, StreamingResponse
@@ -33,6 +33,9 @@ from gateway.models import ApiKey, Tenant
 from kvgate.db import utcnow
 
 admin_router = APIRouter(tags=["billing"])
+# Ids are 64-bit in the database; a larger number is a 400, not a driver overflow.
+MAX_ID = 2**63 - 1
+InvoiceId = Annotated[int, Path(ge=1, le=MAX_ID)]
 public_router = APIRouter(tags=["billing"])
 
 
@@ -468,7 +471,7 @@ async def get_usage(
     session: SessionDep,
     where: UsageFilters,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    after_id: Annotated[int | None, Query(ge=0)] = None,
+    after_id: Annotated[int | None, Query(ge=0, le=MAX_ID)] = None,
 ) -> UsageList:
     rows = await list_usage(session=session, where=where, limit=limit, after_id=after_id)
     return UsageList(data=[UsageOut.of(r) for r in rows], next_after_id=rows[-1].id if len(rows) == limit else None)
@@ -646,7 +649,7 @@ async def get_invoices(
     status: Literal["draft", "finalized", "paid", "payment_failed"] | None = None,
     month: Annotated[str | None, Query(description="YYYY-MM")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
 ) -> InvoiceList:
     await invoices.ensure_drafts(session=session)
     await session.commit()
@@ -657,12 +660,12 @@ async def get_invoices(
 
 
 @admin_router.get("/invoices/{invoice_id}", response_model=InvoiceOut)
-async def get_invoice(invoice_id: int, session: SessionDep) -> InvoiceOut:
+async def get_invoice(invoice_id: InvoiceId, session: SessionDep) -> InvoiceOut:
     return _invoice_out(await _view(session, invoice_id), detail=True)
 
 
 @admin_router.get("/invoices/{invoice_id}/pdf", response_class=Response)
-async def get_invoice_pdf(invoice_id: int, session: SessionDep, service: ServiceDep) -> Response:
+async def get_invoice_pdf(invoice_id: InvoiceId, session: SessionDep, service: ServiceDep) -> Response:
     document = await invoices.invoice_document(
         session=session, view=await _view(session, invoice_id), seller=service.settings.seller_name
     )
@@ -675,7 +678,7 @@ async def get_invoice_pdf(invoice_id: int, session: SessionDep, service: Service
 
 
 @admin_router.get("/invoices/{invoice_id}/html", response_class=HTMLResponse)
-async def get_invoice_html(invoice_id: int, session: SessionDep, service: ServiceDep) -> HTMLResponse:
+async def get_invoice_html(invoice_id: InvoiceId, session: SessionDep, service: ServiceDep) -> HTMLResponse:
     document = await invoices.invoice_document(
         session=session, view=await _view(session, invoice_id), seller=service.settings.seller_name
     )
@@ -683,7 +686,7 @@ async def get_invoice_html(invoice_id: int, session: SessionDep, service: Servic
 
 
 @admin_router.post("/invoices/{invoice_id}/finalize", response_model=InvoiceOut)
-async def finalize(invoice_id: int, session: SessionDep, service: ServiceDep) -> InvoiceOut:
+async def finalize(invoice_id: InvoiceId, session: SessionDep, service: ServiceDep) -> InvoiceOut:
     try:
         view = await invoices.finalize_invoice(
             session=session, invoice_id=invoice_id, number_prefix=service.settings.invoice_number_prefix
@@ -752,7 +755,7 @@ async def post_credit_note(
 @admin_router.get("/credit-notes", response_model=CreditNoteList)
 async def get_credit_notes(
     session: SessionDep,
-    invoice_id: Annotated[int | None, Query(ge=1)] = None,
+    invoice_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     tenant_id: Annotated[str | None, Query(max_length=40)] = None,
 ) -> CreditNoteList:
     notes = await credit_notes.list_credit_notes(session=session, invoice_id=invoice_id, tenant_id=tenant_id)
@@ -760,7 +763,7 @@ async def get_credit_notes(
 
 
 @admin_router.post("/invoices/{invoice_id}/stripe", response_model=StripePushOut)
-async def push_to_stripe(invoice_id: int, service: ServiceDep) -> StripePushOut:
+async def push_to_stripe(invoice_id: InvoiceId, service: ServiceDep) -> StripePushOut:
     client = stripe_sync.client_from_settings(service.settings)
     if client is None:
         raise UnavailableError("Stripe is not configured: set STRIPE_API_KEY")

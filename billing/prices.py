@@ -27,6 +27,9 @@ DEFAULT_MULTIPLIERS: dict[str, Decimal] = {
     "cache_write_1h_multiplier": Decimal("2.0"),
     "cache_read_multiplier": Decimal("0.1"),
 }
+# Bounds that keep every cost inside the ledger's 64-bit pico-dollar columns.
+MAX_USD_PER_MTOK = Decimal(10_000)
+MAX_MULTIPLIER = Decimal(100)
 _MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
 _ENTRY_KEYS = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS}
 
@@ -77,6 +80,8 @@ class PriceSpec:
                 continue
             if not isinstance(value, Decimal) or not value.is_finite() or value < 0:
                 raise PriceError(f"{self.model}: {name} must be a non-negative decimal, got {value!r}")
+            if value > (MAX_MULTIPLIER if name.endswith("multiplier") else MAX_USD_PER_MTOK):
+                raise PriceError(f"{self.model}: {name} = {value} is beyond any plausible price")
         p_in, p_out = self.input_usd_per_mtok, self.output_usd_per_mtok
         m24 = self.cache_write_24h_multiplier
         object.__setattr__(

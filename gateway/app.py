@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.api.deps import AdminDep
 from gateway.api.errors import install_error_handlers
 from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
@@ -26,6 +27,8 @@ from kvgate.db import create_engine, session_factory
 
 # Billing plugs in by defining create_billing_hooks(*, sessions, settings) -> BillingHooks here.
 BILLING_HOOKS_MODULE = "billing.hooks"
+# ...and its routes here: admin_router (mounted under /admin/v1 behind the admin token) and public_router.
+BILLING_API_MODULE = "billing.api"
 
 EngineFactory = Callable[[], Engine]
 
@@ -44,6 +47,17 @@ def _discover_billing(sessions: async_sessionmaker[AsyncSession], settings: Gate
             raise
         return NoBilling()
     return module.create_billing_hooks(sessions=sessions, settings=settings)
+
+
+def _include_billing_routes(app: FastAPI) -> None:
+    try:
+        module = importlib.import_module(BILLING_API_MODULE)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (BILLING_API_MODULE, BILLING_API_MODULE.split(".")[0]):
+            raise
+        return
+    app.include_router(module.admin_router, prefix="/admin/v1", dependencies=[AdminDep])
+    app.include_router(module.public_router)
 
 
 def create_app(
@@ -117,6 +131,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.include_router(api_router)
+    _include_billing_routes(app)
     install_error_handlers(app)
     app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_request_bytes)
     return app

@@ -330,3 +330,53 @@ async def test_webhook_marks_failed_payments(api, sessions):
     ignored = json.dumps({"id": f"evt_i_{tenant}", "type": "customer.created", "data": {"object": {}}}).encode()
     r = await api.post("/webhooks/stripe", content=ignored, headers={"stripe-signature": sign(ignored)})
     assert r.json()["outcome"] == "ignored"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    target=st.sampled_from(
+        [
+            ("get", "/admin/v1/invoices/{}"),
+            ("get", "/admin/v1/invoices/{}/pdf"),
+            ("post", "/admin/v1/invoices/{}/finalize"),
+            ("post", "/admin/v1/invoices/{}/credit-notes"),
+            ("put", "/admin/v1/tenants/{}/budget"),
+            ("put", "/admin/v1/keys/{}/budget"),
+            ("post", "/admin/v1/tenants/{}/credits"),
+            ("post", "/admin/v1/prices"),
+            ("post", "/admin/v1/usage/{}/reverse"),
+        ]
+    ),
+    ident=st.one_of(
+        st.integers(-(2**70), 2**70).map(str), st.text(alphabet="abc_-0123456789", min_size=1, max_size=20)
+    ),
+    body=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "amount_usd": json_values,
+                "reason": json_values,
+                "monthly_limit_usd": json_values,
+                "prepaid": json_values,
+                "model": json_values,
+                "effective_from": json_values,
+                "input_usd_per_mtok": json_values,
+                "output_usd_per_mtok": json_values,
+                "note": json_values,
+                "idempotency_key": json_values,
+            },
+        ),
+    ),
+)
+async def test_fuzzed_ids_and_bodies_never_500(api, target, ident, body):
+    method, path = target
+    r = await api.request(method, path.format(ident), json=body)
+    assert r.status_code < 500, r.text

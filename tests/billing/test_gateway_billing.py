@@ -13,6 +13,7 @@ import time
 from decimal import Decimal
 
 import anthropic
+import httpx
 import openai
 import pytest
 from sqlalchemy import func, select, text
@@ -164,6 +165,13 @@ async def test_costs_in_responses_and_ledger_equals_engine_counts(server, sessio
     for counts, cost in seen:  # each response's cost is the formula applied to its own counts
         assert cost == expected_cost(counts)
     assert engine_total.cache_read > 0 and engine_total.cache_write_5m > 0
+    # The same numbers through the gateway's admin API (billing's routes behind the admin token).
+    r = await asyncio.to_thread(
+        server.admin.get, "/admin/v1/usage/summary", params={"tenant_id": tenant, "group_by": "model"}
+    )
+    assert r.status_code == 200 and Decimal(r.json()["data"][0]["cost_usd"]) == sum(cost for _, cost in seen)
+    r = await asyncio.to_thread(httpx.get, f"{server.base_url}/admin/v1/usage/summary")
+    assert r.status_code == 401
 
 
 async def test_exhausted_budget_is_refused_before_the_engine_runs(server, sessions):
