@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from jinja2 import TemplateError
+
 from gateway.errors import InvalidRequestError
 
 # Text blocks of one message are joined like paragraphs.
@@ -123,7 +125,13 @@ class PromptRenderer:
         prefill = ""
         if rendered and rendered[-1]["role"] == "assistant":
             prefill = rendered.pop()["content"]
-        text = self._apply(rendered, tools=tool_defs or None)
+        if not rendered:
+            raise InvalidRequestError("messages: a final assistant message needs a user message before it")
+        try:
+            text = self._apply(rendered, tools=tool_defs or None)
+        except (ValueError, TypeError, TemplateError) as exc:
+            # Templates raise on conversations they cannot express (e.g. roles that do not alternate).
+            raise InvalidRequestError(f"messages: the model's chat template refused this conversation: {exc}") from exc
         return text + prefill
 
     def _block_ends(self, chat: Chat, plain: str) -> list[tuple[int, int]]:

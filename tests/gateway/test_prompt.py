@@ -125,3 +125,14 @@ def test_a_template_that_rewrites_text_never_gets_an_offset_past_the_block(token
     cached = prefix(tokenizer, rendered.token_ids, bp.token_end)
     assert rendered.text.startswith(cached)
     assert "tail" not in cached
+
+
+def test_a_lone_assistant_message_is_a_clear_error(tokenizer: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="needs a user message"):
+        renderer_for(tokenizer).render(Chat(messages=(ChatMessage("assistant", (TextPart("Hi"),)),)))
+    alternating = (
+        "{% for m in messages %}{% if loop.index0 % 2 == 0 and m.role != 'user' %}"
+        "{{ raise_exception('Roles must alternate') }}{% endif %}{{ m.content }}{% endfor %}"
+    )
+    with pytest.raises(InvalidRequestError, match="Roles must alternate"):
+        renderer_for(tokenizer, alternating).render(Chat(messages=(ChatMessage("system", (TextPart("x"),)),)))

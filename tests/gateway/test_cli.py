@@ -1,0 +1,101 @@
+"""`kvgate tenants|keys ...` on the database directly, and `kvgate serve` as a real process."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvgate.cli import main
+from tests.gateway.harness import free_port
+
+
+@pytest.fixture
+def cli_db(gw_db_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("KVGATE_DATABASE_URL", gw_db_url)
+    return gw_db_url
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_tenants_and_keys_commands(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "tenants", "create", "Night Shift")
+    assert code == 0
+    tenant_id = re.search(r"created tenant (ten_\w+)", out).group(1)  # type: ignore[union-attr]
+
+    code, out, _ = run(capsys, "keys", "create", tenant_id, "--name", "laptop", "--requests-per-minute", "5")
+    assert code == 0
+    key = out.strip().splitlines()[-1]
+    key_id = re.search(r"created key (key_\w+)", out).group(1)  # type: ignore[union-attr]
+    assert re.fullmatch(r"kvg-[A-Za-z0-9_-]{40,}", key)
+
+    code, out, _ = run(capsys, "keys", "list", tenant_id)
+    assert code == 0 and key_id in out and "active" in out and "laptop" in out and key not in out
+
+    code, out, _ = run(capsys, "keys", "revoke", key_id)
+    assert code == 0 and "revoked" in out
+    assert "revoked" in run(capsys, "keys", "list", tenant_id)[1]
+
+    assert tenant_id in run(capsys, "tenants", "list")[1]
+    assert run(capsys, "tenants", "suspend", tenant_id)[1].strip().endswith("suspended")
+
+
+def test_cli_errors_are_messages_not_tracebacks(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "keys", "create", "ten_missing")
+    assert code == 1 and "tenant 'ten_missing' not found" in err
+    code, _, err = run(capsys, "keys", "revoke", "key_missing")
+    assert code == 1 and "not found" in err
+
+
+def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "KVGATE_DATABASE_URL": f"sqlite:///{tmp_path / 'kvgate.db'}",
+        "KVGATE_MODEL": str(tiny_llama_dir),
+        "KVGATE_DTYPE": "float32",
+        "KVGATE_KV_CACHE_GIB": "0.02",
+        "KVGATE_NUM_THREADS": "1",
+    }
+    env.pop("KVGATE_ADMIN_TOKEN", None)
+    kvgate = Path(sys.executable).with_name("kvgate")
+    process = subprocess.Popen(
+        [str(kvgate), "serve", "--port", str(port)],
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except httpx.TransportError:
+                assert process.poll() is None, process.stderr.read() if process.stderr else ""
+                assert time.monotonic() < deadline, "kvgate serve did not come up"
+                time.sleep(0.2)
+        assert health.json()["model"] == "tiny-llama-v1"
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, stderr
+    assert "no tenants yet" in stderr and "kvgate tenants create" in stderr
+    token = re.search(r"Generated the admin token.*\n\s+(kvgadm-\S+)", stderr)
+    assert token is not None, stderr
+    assert (tmp_path / "kvgate.db").exists()
