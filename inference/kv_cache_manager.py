@@ -32,15 +32,19 @@ def commit_ttls(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, de
 
 
 def split_points(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, commit_blocks: int) -> list[int]:
-    """Where prefill passes must end: at the last full block of every region, and of the commits.
+    """Where prefill passes must end: wherever a cached prefix of this prompt may end.
 
-    A later request that hits up to any of these points then repeats the very passes
-    this one ran from there on, on the KV it stored, so its output is the same.
+    That is the last full block of every region, as this prompt commits it, and as a
+    prompt ending at the region's end would (it never commits the block holding its
+    last token); and the end of this request's commits. A later request that hits up
+    to any of these points then repeats the very passes this one ran from there on,
+    on the KV it stored, so its output is the same.
     """
     last = (num_prompt_tokens - 1) // block_size
     points = {commit_blocks * block_size}
     for region in cache.regions or ():
-        points.add(min(region.end // block_size, last) * block_size)
+        for end in (region.end, region.end - 1):
+            points.add(min(max(end, 0) // block_size, last) * block_size)
     return sorted(p for p in points if p > 0)
 
 

@@ -63,9 +63,10 @@ def test_first_token_logits_with_a_prefix_hit_match_a_cold_run(make_engine, requ
     assert not torch.allclose(other, cold, atol=1e-3, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_greedy_continuations_are_identical_cold_and_warm(make_engine, request, model_fixture):
-    engine = make_engine(request.getfixturevalue(model_fixture))
+def test_greedy_continuations_are_identical_cold_and_warm(make_engine, request, model_fixture, dtype):
+    engine = make_engine(request.getfixturevalue(model_fixture), dtype=dtype)
     rng = random.Random(12)
     outputs = set()
     for n in (17, 64, 130, 333):
@@ -83,16 +84,18 @@ def two_breakpoints(base_len: int, total: int) -> CacheSpec:
 
 
 def test_extending_a_cached_prompt_gives_the_cold_output(make_engine, tiny_llama_dir):
+    # bf16, where a pass computed in other shapes really does round differently.
     rng = random.Random(13)
-    warm_engine = make_engine(tiny_llama_dir)
-    for _ in range(3):
-        base = random_prompt(rng, rng.randrange(40, 200))
+    warm_engine = make_engine(tiny_llama_dir, dtype="bfloat16")
+    # 48 and 64: the shorter prompt's last full block holds its last token, so it is not cached.
+    for base_len in (48, 64, 48, 64, 50, 177, 96, 112):
+        base = random_prompt(rng, base_len)
         longer = base + random_prompt(rng, rng.randrange(20, 150))
         spec = two_breakpoints(len(base), len(longer))
-        cold = checked(make_engine(tiny_llama_dir).generate(longer, GREEDY_32, spec))
+        cold = checked(make_engine(tiny_llama_dir, dtype="bfloat16").generate(longer, GREEDY_32, spec))
         checked(warm_engine.generate(base, GREEDY_32, CacheSpec(regions=(CacheRegion(len(base), 300),))))
         warm = checked(warm_engine.generate(longer, GREEDY_32, spec))
-        assert warm.usage.cached_tokens == (len(base) - 1) // 16 * 16 or warm.usage.cached_tokens == len(base) // 16 * 16
+        assert warm.usage.cached_tokens == (len(base) - 1) // 16 * 16
         assert warm.token_ids == cold.token_ids
 
 
@@ -125,8 +128,8 @@ def test_smollm2_bf16_warm_equals_cold_over_20_random_prompts(smollm2):
 def test_smollm2_bf16_extension_of_a_cached_prompt_equals_cold(smollm2):
     warm_engine = smollm2_engine(smollm2)
     rng = random.Random(15)
-    for _ in range(5):
-        base = random_prompt(rng, rng.randrange(40, 250))
+    for base_len in (64, 65, 130, 201, 250):
+        base = random_prompt(rng, base_len)
         longer = base + random_prompt(rng, rng.randrange(20, 200))
         spec = two_breakpoints(len(base), len(longer))
         cold = checked(smollm2_engine(smollm2).generate(longer, GREEDY_32, spec))
