@@ -7,7 +7,7 @@ Bad input is a 400 (invalid_request_error), an unknown id a 404, a state conflic
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from datetime import date, datetime, timedelta
+from datetime import date, datetime
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
@@ -30,7 +30,6 @@ from billing.settlement import reverse_charge
 from billing.usage_queries import UsageFilter, UsageQueryError, iter_usage, list_usage, summarize
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.models import ApiKey, Tenant
-from kvgate.db import utcnow
 
 admin_router = APIRouter(tags=["billing"])
 # Ids are 64-bit in the database; a larger number is a 400, not a driver overflow.
@@ -701,33 +700,8 @@ async def finalize(invoice_id: InvoiceId, session: SessionDep, service: ServiceD
 
 @admin_router.post("/invoices/finalize-due", response_model=FinalizeDueOut)
 async def finalize_due(service: ServiceDep) -> FinalizeDueOut:
-    views = await invoices_finalize_due(service)
+    views = await service.finalize_due_invoices()
     return FinalizeDueOut(finalized=[_invoice_out(v, detail=False) for v in views])
-
-
-async def invoices_finalize_due(service: BillingService, now: datetime | None = None) -> list[invoices.InvoiceView]:
-    """Finalize every draft past its month plus grace, one transaction each (shared with the CLI)."""
-    now = now or utcnow()
-    async with service.sessions() as session:
-        due = await invoices.due_for_finalization(
-            session=session, now=now, grace=timedelta(days=service.settings.invoice_grace_days)
-        )
-        await session.commit()
-    views = []
-    for invoice_id in due:
-        async with service.sessions() as session:
-            try:
-                view = await invoices.finalize_invoice(
-                    session=session,
-                    invoice_id=invoice_id,
-                    number_prefix=service.settings.invoice_number_prefix,
-                    now=now,
-                )
-            except invoices.InvoiceStateError:
-                continue  # finalized meanwhile by someone else
-            await session.commit()
-            views.append(view)
-    return views
 
 
 @admin_router.post("/invoices/{invoice_id}/credit-notes", status_code=201, response_model=CreditNoteOut)

@@ -370,7 +370,7 @@ async def _invoices_finalize(service: BillingService, args: argparse.Namespace) 
 
 
 async def _invoices_finalize_due(service: BillingService, args: argparse.Namespace) -> None:
-    views = await api.invoices_finalize_due(service)
+    views = await service.finalize_due_invoices()
     for view in views:
         inv = view.invoice
         print(f"invoice {inv.id} ({inv.tenant_id}, {inv.period_start:%Y-%m}) -> {inv.number}")

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog
+from billing import budgets, catalog, invoices
 from billing.budgets import BudgetExceededError, Reservation
 from billing.ledger import UsageCharge
 from billing.pricebook import NoPriceError, PriceBook
@@ -268,8 +268,34 @@ class BillingService:
             await session.commit()
         return released
 
+    async def finalize_due_invoices(self, now: datetime | None = None) -> list[invoices.InvoiceView]:
+        """Finalize every draft past its month plus the grace period, one transaction each."""
+        now = now or self._clock()
+        async with self.sessions() as session:
+            due = await invoices.due_for_finalization(
+                session=session, now=now, grace=timedelta(days=self.settings.invoice_grace_days)
+            )
+            await session.commit()
+        views = []
+        for invoice_id in due:
+            async with self.sessions() as session:
+                try:
+                    view = await invoices.finalize_invoice(
+                        session=session,
+                        invoice_id=invoice_id,
+                        number_prefix=self.settings.invoice_number_prefix,
+                        now=now,
+                    )
+                    await session.commit()
+                except (invoices.InvoiceStateError, sa_exc.IntegrityError):
+                    continue  # another process finalized it first
+            views.append(view)
+            log.info("billing.invoice_finalized", invoice_id=invoice_id, number=view.invoice.number)
+        return views
+
     async def run_upkeep(self, stop: asyncio.Event) -> None:
-        """Background loop: replay the spool, reload prices, release stale reservations."""
+        """Background loop: replay the spool; now and then reload prices, release stale reservations
+        and finalize the invoices of months past their grace period."""
         last_refresh = asyncio.get_running_loop().time()
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
@@ -281,9 +307,11 @@ class BillingService:
                         log.info("billing.spool_replayed", **asdict(result))
                 now = asyncio.get_running_loop().time()
                 if now - last_refresh >= self.settings.price_refresh_interval_s:
+                    last_refresh = now
                     await self.refresh_prices()
                     await self.release_stale_reservations()
-                    last_refresh = now
+                    if self.settings.auto_finalize_invoices:
+                        await self.finalize_due_invoices()
             except Exception as error:  # the loop must outlive a database outage
                 level = log.info if is_database_unavailable(error) else log.exception
                 level("billing.upkeep_failed", error=str(error))

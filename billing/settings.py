@@ -24,6 +24,9 @@ class BillingSettings(BaseSettings):
     invoice_grace_days: int = Field(
         3, ge=0, description="Days after a month ends before its invoices are finalized (late records)."
     )
+    auto_finalize_invoices: bool = Field(
+        True, description="Finalize drafts in the background once their month and grace period are over."
+    )
     invoice_number_prefix: str = Field("KVG", min_length=1, max_length=12, pattern=r"^[A-Z0-9]+$")
     seller_name: str = Field("kvgate", description="Who the invoices are from.")
     reservation_timeout_s: float = Field(

@@ -333,7 +333,11 @@ async def test_webhook_marks_failed_payments(api, sessions):
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats(allow_nan=False) | st.text(max_size=30),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**80), 2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=30),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=10), inner, max_size=3),
     max_leaves=6,
 )

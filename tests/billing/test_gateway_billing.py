@@ -44,6 +44,8 @@ def expected_cost(c: TokenCounts) -> Decimal:
 def server(db_url, tiny_llama_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVGATE_SPOOL_PATH", str(tmp_path_factory.mktemp("spool") / "spool.jsonl"))
+        # The database is shared with other billing tests, whose drafts must stay drafts.
+        mp.setenv("KVGATE_AUTO_FINALIZE_INVOICES", "false")
         gw = BillingGateway(model_dir=tiny_llama_dir, database_url=db_url).start()
     try:
         yield gw
@@ -222,6 +224,7 @@ async def test_database_taken_away_under_live_requests(postgres_url, tiny_llama_
     await proxy.start()
     monkeypatch.setenv("KVGATE_SPOOL_PATH", str(tmp_path / "spool.jsonl"))
     monkeypatch.setenv("KVGATE_SPOOL_REPLAY_INTERVAL_S", "0.2")
+    monkeypatch.setenv("KVGATE_AUTO_FINALIZE_INVOICES", "false")
     proxied = url.set(port=proxy.port).render_as_string(hide_password=False)
     gw = await asyncio.to_thread(lambda: BillingGateway(model_dir=tiny_llama_dir, database_url=proxied).start())
     direct = create_engine(db_url)

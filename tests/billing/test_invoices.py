@@ -280,3 +280,43 @@ async def test_reversals_reduce_the_draft(sessions, priced):
         view = await view_invoice(session=session, invoice_id=invoice.id)
     _, total = expected_lines(charges[1:])
     assert view.computation.requests == 9 and Decimal(view.computation.total_cents) / 100 == total
+
+
+async def test_background_finalization_after_grace(sessions, priced, tmp_path):
+    """Last in this file: it finalizes every due draft in the shared test database, not just its own."""
+    from billing.service import BillingService
+    from billing.settings import BillingSettings
+
+    tenant, (key,) = await make_tenant(sessions)
+    january = [
+        UsageCharge(
+            request_id=f"{tenant}-{i}",
+            tenant_id=tenant,
+            api_key_id=key,
+            model="m-test",
+            endpoint="messages",
+            status="ok",
+            started_at=datetime(2027, 1, 10 + i, tzinfo=UTC),
+            counts=TokenCounts(input=1000 * i),
+        )
+        for i in range(3)
+    ]
+    await record_all(sessions, priced, january, now=datetime(2027, 1, 20, tzinfo=UTC))
+    settings = BillingSettings(spool_path=tmp_path / "s", invoice_grace_days=3)
+
+    def service_at(when: datetime) -> BillingService:
+        return BillingService(sessions=sessions, settings=settings, pricebook=priced, clock=lambda: when)
+
+    assert tenant not in {
+        v.invoice.tenant_id for v in await service_at(datetime(2027, 2, 3, tzinfo=UTC)).finalize_due_invoices()
+    }
+    done = await service_at(datetime(2027, 2, 4, tzinfo=UTC)).finalize_due_invoices()
+    (mine,) = [v for v in done if v.invoice.tenant_id == tenant]
+    assert (
+        mine.invoice.status == "finalized" and mine.computation.total_cents == 1
+    )  # 3,000 input tokens at $3/Mtok: $0.009
+    assert not [
+        v
+        for v in await service_at(datetime(2027, 2, 4, tzinfo=UTC)).finalize_due_invoices()
+        if v.invoice.tenant_id == tenant
+    ]
