@@ -73,7 +73,7 @@ class Engine:
             head_dim=head_dim,
             dtype=self.loaded.dtype,
         )
-        num_blocks = int(settings.kv_cache_gib * 2**30) // per_block
+        num_blocks = settings.kv_cache_blocks or int(settings.kv_cache_gib * 2**30) // per_block
         if num_blocks < 2:
             raise ValueError(f"KVGATE_KV_CACHE_GIB={settings.kv_cache_gib} holds fewer than 2 blocks")
         self.kv_tensors = KVTensors(

@@ -25,6 +25,7 @@ class EngineSettings(BaseSettings):
     num_threads: int | None = Field(None, description="torch intra-op threads; defaults to all cores.")
 
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
+    kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")
     block_size: int = Field(16, gt=0)
     hash_algo: Literal["sha256", "xxhash128"] = "sha256"
     default_ttl_s: int = Field(300, gt=0)
