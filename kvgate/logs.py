@@ -27,10 +27,12 @@ def configure_logging(level: str = "INFO", json: bool | None = None) -> None:
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
             processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-        ))
+        )
+    )
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
