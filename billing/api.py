@@ -354,7 +354,7 @@ class StripePushOut(BaseModel):
 # -- helpers --------------------------------------------------------------------------------
 
 
-def _credit_note_out(note: Any) -> CreditNoteOut:
+def credit_note_out(note: Any) -> CreditNoteOut:
     return CreditNoteOut(
         id=note.id,
         invoice_id=note.invoice_id,
@@ -365,7 +365,7 @@ def _credit_note_out(note: Any) -> CreditNoteOut:
     )
 
 
-def _invoice_out(view: invoices.InvoiceView, *, detail: bool) -> InvoiceOut:
+def invoice_out(view: invoices.InvoiceView, *, detail: bool) -> InvoiceOut:
     inv = view.invoice
     comp: InvoiceComputation = view.computation
     return InvoiceOut(
@@ -401,7 +401,7 @@ def _invoice_out(view: invoices.InvoiceView, *, detail: bool) -> InvoiceOut:
         ]
         if detail
         else None,
-        credit_notes=[_credit_note_out(n) for n in view.credit_notes] if detail else None,
+        credit_notes=[credit_note_out(n) for n in view.credit_notes] if detail else None,
     )
 
 
@@ -565,7 +565,7 @@ def _counter(state: budgets.CounterState) -> CounterOut:
     )
 
 
-async def _budget_out(session: AsyncSession, tenant_id: str) -> BudgetOut:
+async def budget_out(session: AsyncSession, tenant_id: str) -> BudgetOut:
     status = await budgets.budget_status(session=session, tenant_id=tenant_id)
     return BudgetOut(
         tenant_id=tenant_id,
@@ -580,7 +580,7 @@ async def _budget_out(session: AsyncSession, tenant_id: str) -> BudgetOut:
 @admin_router.get("/tenants/{tenant_id}/budget", response_model=BudgetOut)
 async def get_budget(tenant_id: str, session: SessionDep) -> BudgetOut:
     await _require_tenant(session, tenant_id)
-    return await _budget_out(session, tenant_id)
+    return await budget_out(session, tenant_id)
 
 
 @admin_router.put("/tenants/{tenant_id}/budget", response_model=BudgetOut)
@@ -594,7 +594,7 @@ async def put_budget(tenant_id: str, body: TenantBudgetIn, session: SessionDep) 
     except budgets.BudgetError as exc:
         raise InvalidRequestError(str(exc)) from exc
     await session.commit()
-    return await _budget_out(session, tenant_id)
+    return await budget_out(session, tenant_id)
 
 
 @admin_router.put("/keys/{key_id}/budget", response_model=KeyBudgetOut)
@@ -655,12 +655,12 @@ async def get_invoices(
     rows = await invoices.list_invoices(
         session=session, tenant_id=tenant_id, status=status, month=_month(month), limit=limit, offset=offset
     )
-    return InvoiceList(data=[_invoice_out(await _view(session, r.id), detail=False) for r in rows])
+    return InvoiceList(data=[invoice_out(await _view(session, r.id), detail=False) for r in rows])
 
 
 @admin_router.get("/invoices/{invoice_id}", response_model=InvoiceOut)
 async def get_invoice(invoice_id: InvoiceId, session: SessionDep) -> InvoiceOut:
-    return _invoice_out(await _view(session, invoice_id), detail=True)
+    return invoice_out(await _view(session, invoice_id), detail=True)
 
 
 @admin_router.get("/invoices/{invoice_id}/pdf", response_class=Response)
@@ -695,13 +695,13 @@ async def finalize(invoice_id: InvoiceId, session: SessionDep, service: ServiceD
     except invoices.InvoiceStateError as exc:
         raise ConflictError(str(exc)) from exc
     await session.commit()
-    return _invoice_out(view, detail=True)
+    return invoice_out(view, detail=True)
 
 
 @admin_router.post("/invoices/finalize-due", response_model=FinalizeDueOut)
 async def finalize_due(service: ServiceDep) -> FinalizeDueOut:
     views = await service.finalize_due_invoices()
-    return FinalizeDueOut(finalized=[_invoice_out(v, detail=False) for v in views])
+    return FinalizeDueOut(finalized=[invoice_out(v, detail=False) for v in views])
 
 
 @admin_router.post("/invoices/{invoice_id}/credit-notes", status_code=201, response_model=CreditNoteOut)
@@ -723,7 +723,7 @@ async def post_credit_note(
     except credit_notes.CreditNoteError as exc:
         raise InvalidRequestError(str(exc)) from exc
     await session.commit()
-    return _credit_note_out(note)
+    return credit_note_out(note)
 
 
 @admin_router.get("/credit-notes", response_model=CreditNoteList)
@@ -733,7 +733,7 @@ async def get_credit_notes(
     tenant_id: Annotated[str | None, Query(max_length=40)] = None,
 ) -> CreditNoteList:
     notes = await credit_notes.list_credit_notes(session=session, invoice_id=invoice_id, tenant_id=tenant_id)
-    return CreditNoteList(data=[_credit_note_out(n) for n in notes])
+    return CreditNoteList(data=[credit_note_out(n) for n in notes])
 
 
 @admin_router.post("/invoices/{invoice_id}/stripe", response_model=StripePushOut)

@@ -342,7 +342,7 @@ async def _invoices_list(service: BillingService, args: argparse.Namespace) -> N
             limit=1000,
         )
         out = [
-            api._invoice_out(await invoices.view_invoice(session=session, invoice_id=r.id), detail=False) for r in rows
+            api.invoice_out(await invoices.view_invoice(session=session, invoice_id=r.id), detail=False) for r in rows
         ]
     if args.json:
         _print_json(out)
@@ -356,7 +356,7 @@ async def _invoices_list(service: BillingService, args: argparse.Namespace) -> N
 async def _invoices_show(service: BillingService, args: argparse.Namespace) -> None:
     async with service.sessions() as session:
         _print_json(
-            api._invoice_out(await invoices.view_invoice(session=session, invoice_id=args.invoice_id), detail=True)
+            api.invoice_out(await invoices.view_invoice(session=session, invoice_id=args.invoice_id), detail=True)
         )
 
 
@@ -421,7 +421,7 @@ async def _credit_notes_create(service: BillingService, args: argparse.Namespace
 async def _credit_notes_list(service: BillingService, args: argparse.Namespace) -> None:
     async with service.sessions() as session:
         notes = [
-            api._credit_note_out(n)
+            api.credit_note_out(n)
             for n in await credit_notes.list_credit_notes(
                 session=session, invoice_id=args.invoice, tenant_id=args.tenant
             )
@@ -438,7 +438,7 @@ async def _budgets_show(service: BillingService, args: argparse.Namespace) -> No
     async with service.sessions() as session:
         if await session.get(Tenant, args.tenant_id) is None:
             raise ValueError(f"no tenant {args.tenant_id}")
-        _print_json(await api._budget_out(session, args.tenant_id))
+        _print_json(await api.budget_out(session, args.tenant_id))
 
 
 async def _budgets_set(service: BillingService, args: argparse.Namespace) -> None:
@@ -450,7 +450,7 @@ async def _budgets_set(service: BillingService, args: argparse.Namespace) -> Non
             prepaid=args.prepaid,
         )
         await session.commit()
-        _print_json(await api._budget_out(session, args.tenant_id))
+        _print_json(await api.budget_out(session, args.tenant_id))
 
 
 async def _budgets_set_key(service: BillingService, args: argparse.Namespace) -> None:

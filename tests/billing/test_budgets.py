@@ -198,7 +198,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
 async def test_fifty_concurrent_requests_never_overrun(db_url, pricebook, tmp_path):
     """50 requests race on one tenant's limit; each admitted one settles at a random real cost."""
     engine = (
-        create_engine(db_url, pool_size=50, max_overflow=0)
+        create_engine(db_url, pool_size=25, max_overflow=0)
         if db_url.startswith("postgresql")
         else (create_engine(db_url))
     )
@@ -266,7 +266,7 @@ async def test_fifty_concurrent_requests_never_overrun(db_url, pricebook, tmp_pa
 
 async def test_fifty_concurrent_requests_all_admitted_give_fifty_entries(db_url, pricebook, tmp_path):
     engine = (
-        create_engine(db_url, pool_size=50, max_overflow=0)
+        create_engine(db_url, pool_size=25, max_overflow=0)
         if db_url.startswith("postgresql")
         else (create_engine(db_url))
     )
