@@ -14,6 +14,7 @@ from gateway.api.deps import AdminDep
 from gateway.api.errors import install_error_handlers
 from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
+from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.engine import Engine
 from gateway.prompt import PromptRenderer
@@ -110,6 +111,7 @@ def create_app(
             billing=hooks,
             secret=secret,
             admin=admin,
+            auth_cache=PrincipalCache(settings.auth_cache_ttl_s),
         )
         app.state.gateway = gw
         try:

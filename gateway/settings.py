@@ -28,6 +28,9 @@ class GatewaySettings(BaseSettings):
     redis_url: str | None = Field(None, description="Share rate-limit buckets across processes via Redis.")
     default_requests_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     default_input_tokens_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
+    auth_cache_ttl_s: float = Field(
+        2.0, ge=0, description="How long an authenticated key is trusted without a database read; 0 disables."
+    )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     log_level: str = "INFO"
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks
 from gateway.engine import Engine
 from gateway.prompt import PromptRenderer
@@ -30,6 +31,7 @@ class Gateway:
     billing: BillingHooks
     secret: str
     admin: AdminTokenVerifier
+    auth_cache: PrincipalCache
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:

@@ -1,13 +1,14 @@
 """Usage records: one per finished or abandoned request, written behind a small seam.
 
 The gateway builds a UsageEvent when a request ends and hands it to the app's
-UsageRecorder (app.state.usage_recorder). The default one inserts into
+UsageRecorder (app.state.gateway.recorder). The default one inserts into
 usage_records, ignoring a request id it has already seen, so a retried write never
 counts a request twice. Billing may wrap or replace it.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Literal, Protocol
@@ -15,7 +16,7 @@ from typing import Literal, Protocol
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.models import UsageRecord
-from kvgate.db import insert_ignore
+from kvgate.db import insert_ignore_returning
 
 UsageStatus = Literal["ok", "cancelled", "error"]
 Endpoint = Literal["messages", "chat.completions"]
@@ -58,16 +59,51 @@ class UsageEvent:
 
 class UsageRecorder(Protocol):
     async def record(self, event: UsageEvent) -> bool:
-        """Store the event; False when this request id was already recorded."""
+        """Store the event before returning; False when this request id was already recorded."""
         ...
 
 
 class DatabaseUsageRecorder:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession]) -> None:
+    """Inserts records with group commit: one transaction for whatever queued up meanwhile.
+
+    Each caller still returns only after its own row is committed; under load the
+    commits (SQLite's write lock, PostgreSQL's WAL flush) are shared instead of
+    queueing one per request.
+    """
+
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, max_batch: int = 500) -> None:
         self._sessions = sessions
+        self._max_batch = max_batch
+        self._pending: list[tuple[UsageEvent, asyncio.Future[bool]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def record(self, event: UsageEvent) -> bool:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._pending.append((event, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._drain())
+        return await asyncio.shield(future)
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            try:
+                inserted = await self._write([event for event, _ in batch])
+            except Exception as exc:
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for event, future in batch:
+                # A request id twice in one batch: only its first occurrence was the insert.
+                first = event.request_id in inserted
+                inserted.discard(event.request_id)
+                if not future.done():
+                    future.set_result(first)
+
+    async def _write(self, events: list[UsageEvent]) -> set[str]:
         async with self._sessions() as session:
-            inserted = await insert_ignore(session, UsageRecord, asdict(event), ["request_id"])
+            rows = [asdict(event) for event in events]
+            inserted = await insert_ignore_returning(session, UsageRecord, rows, ["request_id"], "request_id")
             await session.commit()
-            return inserted
+            return set(inserted)

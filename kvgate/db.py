@@ -101,6 +101,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
@@ -143,14 +144,35 @@ def migrate(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-async def insert_ignore(
-    session: AsyncSession, model: type[Base], values: dict[str, Any], conflict_columns: list[str]
-) -> bool:
-    """INSERT ... ON CONFLICT DO NOTHING on SQLite and PostgreSQL; True if a row was inserted."""
+def _dialect_insert(session: AsyncSession) -> Any:
     if session.bind is not None and session.bind.dialect.name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
+    return insert
+
+
+async def insert_ignore(
+    session: AsyncSession, model: type[Base], values: dict[str, Any], conflict_columns: list[str]
+) -> bool:
+    """INSERT ... ON CONFLICT DO NOTHING on SQLite and PostgreSQL; True if a row was inserted."""
+    insert = _dialect_insert(session)
     statement = insert(model).values(**values).on_conflict_do_nothing(index_elements=conflict_columns)
     result = await session.execute(statement)
     return bool(result.rowcount)  # type: ignore[attr-defined]
+
+
+async def insert_ignore_returning(
+    session: AsyncSession, model: type[Base], rows: list[dict[str, Any]], conflict_columns: list[str], key: str
+) -> list[Any]:
+    """Insert many rows, skipping conflicts; the `key` values of the rows really inserted."""
+    if not rows:
+        return []
+    insert = _dialect_insert(session)
+    statement = (
+        insert(model)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=conflict_columns)
+        .returning(getattr(model, key))
+    )
+    return list((await session.execute(statement)).scalars())

@@ -10,19 +10,23 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.errors import AuthenticationError
 from gateway.generation import RequestContext
+from gateway.security import hash_secret
 from gateway.services.keys import authenticate
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
+from kvgate.db import utcnow
 
 
-def get_gateway(request: Request) -> Gateway:
+# Dependencies are async even when they do not await: FastAPI runs plain `def`
+# dependencies in a thread pool, a thread hand-off per request for nothing.
+async def get_gateway(request: Request) -> Gateway:
     return request.app.state.gateway
 
 
 GatewayDep = Annotated[Gateway, Depends(get_gateway)]
 
 
-def get_settings(gw: GatewayDep) -> GatewaySettings:
+async def get_settings(gw: GatewayDep) -> GatewaySettings:
     return gw.settings
 
 
@@ -47,9 +51,15 @@ async def get_request_context(request: Request, gw: GatewayDep) -> RequestContex
     presented = request.headers.get("x-api-key") or _bearer(request)
     if not presented:
         raise AuthenticationError("x-api-key header is required")
-    # A short session of its own: a streaming response must not hold a connection.
-    async with gw.sessions() as session:
-        principal = await authenticate(session, presented=presented)
+    digest = hash_secret(presented)
+    principal = gw.auth_cache.get(digest)
+    if principal is not None:
+        principal.check_expiry(utcnow())
+    else:
+        # A short session of its own: a streaming response must not hold a connection.
+        async with gw.sessions() as session:
+            principal = await authenticate(session, presented=presented, digest=digest)
+        gw.auth_cache.put(digest, principal)
     state = request.scope["state"]
     ctx = RequestContext(
         request_id=state["request_id"],

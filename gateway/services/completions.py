@@ -12,6 +12,30 @@ from gateway.protocols import anthropic, openai
 from gateway.state import Gateway
 from inference.types import CacheRegion, SamplingParams
 
+# Below this a temperature is greedy and a top_p keeps only the top token (vLLM's
+# epsilon); passing smaller values through would divide logits into inf/nan.
+SAMPLING_EPS = 1e-5
+
+
+def sampling_params(
+    *,
+    max_tokens: int,
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None = None,
+    seed: int | None = None,
+    stop: tuple[str, ...] = (),
+) -> SamplingParams:
+    t = 1.0 if temperature is None else temperature
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=0.0 if t < SAMPLING_EPS else t,
+        top_p=1.0 if top_p is None else max(top_p, SAMPLING_EPS),
+        top_k=top_k or 0,
+        seed=seed,
+        stop=tuple(s for s in stop if s),
+    )
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -36,12 +60,12 @@ def count_message_tokens(gw: Gateway, *, request: anthropic.CountTokensRequest) 
 def prepare_message(gw: Gateway, *, request: anthropic.MessagesRequest) -> Prepared:
     model = check_model(gw, model=request.model)
     prompt = gw.renderer.render(anthropic.to_chat(request))
-    sampling = SamplingParams(
+    sampling = sampling_params(
         max_tokens=output_budget(gw, prompt_tokens=len(prompt.token_ids), requested=request.max_tokens),
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
-        top_k=request.top_k or 0,
-        stop=tuple(s for s in request.stop_sequences or () if s),
+        temperature=request.temperature,
+        top_p=request.top_p,
+        top_k=request.top_k,
+        stop=tuple(request.stop_sequences or ()),
     )
     regions = breakpoint_regions(prompt.breakpoints, min_tokens=gw.settings.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt)
@@ -56,12 +80,12 @@ def prepare_chat_completion(gw: Gateway, *, request: openai.ChatCompletionReques
             param="prompt_cache_retention",
         )
     prompt = gw.renderer.render(openai.to_chat(request))
-    sampling = SamplingParams(
+    sampling = sampling_params(
         max_tokens=output_budget(gw, prompt_tokens=len(prompt.token_ids), requested=request.requested_max_tokens),
-        temperature=1.0 if request.temperature is None else request.temperature,
-        top_p=1.0 if request.top_p is None else request.top_p,
+        temperature=request.temperature,
+        top_p=request.top_p,
         seed=request.seed,
-        stop=tuple(s for s in request.stop_sequences if s),
+        stop=request.stop_sequences,
     )
     regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=gw.settings.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt)

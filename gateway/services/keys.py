@@ -34,6 +34,11 @@ class Principal:
     api_key_id: str
     requests_per_minute: int | None = None
     input_tokens_per_minute: int | None = None
+    expires_at: datetime | None = None
+
+    def check_expiry(self, now: datetime) -> None:
+        if self.expires_at is not None and self.expires_at <= now:
+            raise AuthenticationError("this API key has expired")
 
 
 async def create_key(
@@ -85,12 +90,14 @@ def _invalid() -> AuthenticationError:
     return AuthenticationError("invalid x-api-key")
 
 
-async def authenticate(session: AsyncSession, *, presented: str, now: datetime | None = None) -> Principal:
+async def authenticate(
+    session: AsyncSession, *, presented: str, now: datetime | None = None, digest: str | None = None
+) -> Principal:
     """The principal for a presented key; 401 if unknown, revoked or expired, 403 if suspended."""
     if not looks_like_api_key(presented):
         raise _invalid()
     now = now or utcnow()
-    digest = hash_secret(presented)
+    digest = digest or hash_secret(presented)
     row = (
         await session.execute(
             select(ApiKey, Tenant.status).join(Tenant, Tenant.id == ApiKey.tenant_id).where(ApiKey.key_hash == digest)
@@ -101,18 +108,19 @@ async def authenticate(session: AsyncSession, *, presented: str, now: datetime |
     if row is None or not constant_time_equal(row[0].key_hash, digest):
         raise _invalid()
     key, tenant_status = row
+    principal = Principal(
+        tenant_id=key.tenant_id,
+        api_key_id=key.id,
+        requests_per_minute=key.requests_per_minute,
+        input_tokens_per_minute=key.input_tokens_per_minute,
+        expires_at=key.expires_at,
+    )
     if key.revoked_at is not None:
         raise AuthenticationError("this API key has been revoked")
-    if key.expires_at is not None and key.expires_at <= now:
-        raise AuthenticationError("this API key has expired")
+    principal.check_expiry(now)
     if tenant_status != TENANT_ACTIVE:
         raise PermissionDeniedError("this organization has been suspended")
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
         await session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
         await session.commit()
-    return Principal(
-        tenant_id=key.tenant_id,
-        api_key_id=key.id,
-        requests_per_minute=key.requests_per_minute,
-        input_tokens_per_minute=key.input_tokens_per_minute,
-    )
+    return principal

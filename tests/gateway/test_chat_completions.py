@@ -90,3 +90,18 @@ def test_models_list_and_retrieve(gateway: GatewayServer) -> None:
     # The anthropic SDK's models.list gets Anthropic's shape from the same route.
     listed = gateway.anthropic(gateway.new_key()).models.list()
     assert [m.id for m in listed.data] == [gateway.model]
+
+
+def test_vanishing_temperature_and_top_p_are_greedy_not_a_crash(gateway: GatewayServer) -> None:
+    key = gateway.new_key()
+    greedy = chat(gateway, key, temperature=0, messages=[{"role": "user", "content": "Count to three."}])
+    for extreme in ({"temperature": 1e-300}, {"top_p": 1e-300, "temperature": 1.5}, {"top_p": 0}):
+        body = {"temperature": 1.0, **extreme, "messages": [{"role": "user", "content": "Count to three."}]}
+        completion = chat(gateway, key, **body)
+        assert completion.choices[0].finish_reason == "length"
+        if "top_p" not in extreme:
+            assert completion.choices[0].message.content == greedy.choices[0].message.content
+    message = gateway.anthropic(key).messages.create(
+        model=gateway.model, max_tokens=2, messages=[{"role": "user", "content": "Hi"}], extra_body={"top_p": 1e-300}
+    )
+    assert message.stop_reason == "max_tokens"

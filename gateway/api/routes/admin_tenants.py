@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from gateway.api.deps import AdminDep, SessionDep
+from gateway.api.deps import AdminDep, GatewayDep, SessionDep
 from gateway.api.responses import json_response
 from gateway.protocols.admin import KeyCreate, KeyCreated, KeyList, KeyOut, TenantCreate, TenantList, TenantOut
 from gateway.services import keys, tenants
@@ -31,8 +31,9 @@ async def get_tenant(tenant_id: str, session: SessionDep) -> Response:
 
 
 @router.post("/{tenant_id}/suspend", response_model=TenantOut)
-async def suspend_tenant(tenant_id: str, session: SessionDep) -> Response:
+async def suspend_tenant(tenant_id: str, session: SessionDep, gw: GatewayDep) -> Response:
     tenant = await tenants.set_tenant_status(session, tenant_id=tenant_id, suspended=True)
+    gw.auth_cache.evict(tenant_id=tenant.id)
     return json_response(TenantOut.model_validate(tenant))
 
 

@@ -1,0 +1,60 @@
+"""The short-lived cache of authenticated keys: TTL, eviction, and expiry checked on every use."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from gateway.auth_cache import PrincipalCache
+from gateway.errors import AuthenticationError
+from gateway.services.keys import Principal
+from kvgate.db import utcnow
+
+
+class Ticker:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_entries_live_for_the_ttl() -> None:
+    tick = Ticker()
+    cache = PrincipalCache(2.0, clock=tick)
+    principal = Principal(tenant_id="ten_a", api_key_id="key_a")
+    cache.put("h", principal)
+    assert cache.get("h") == principal
+    tick.now += 1.9
+    assert cache.get("h") == principal
+    tick.now += 0.2
+    assert cache.get("h") is None
+
+
+def test_eviction_by_key_and_by_tenant() -> None:
+    cache = PrincipalCache(60)
+    cache.put("a1", Principal(tenant_id="ten_a", api_key_id="key_1"))
+    cache.put("a2", Principal(tenant_id="ten_a", api_key_id="key_2"))
+    cache.put("b1", Principal(tenant_id="ten_b", api_key_id="key_3"))
+    cache.evict(key_id="key_1")
+    assert cache.get("a1") is None and cache.get("a2") is not None
+    cache.evict(tenant_id="ten_a")
+    assert cache.get("a2") is None and cache.get("b1") is not None
+
+
+def test_zero_ttl_disables_and_size_is_bounded() -> None:
+    off = PrincipalCache(0)
+    off.put("h", Principal(tenant_id="t", api_key_id="k"))
+    assert off.get("h") is None
+    small = PrincipalCache(60, max_entries=2)
+    for i in range(3):
+        small.put(f"h{i}", Principal(tenant_id="t", api_key_id=f"k{i}"))
+    assert small.get("h0") is None and small.get("h2") is not None
+
+
+def test_a_cached_key_still_expires_on_time() -> None:
+    principal = Principal(tenant_id="t", api_key_id="k", expires_at=utcnow() + timedelta(seconds=1))
+    principal.check_expiry(utcnow())
+    with pytest.raises(AuthenticationError, match="expired"):
+        principal.check_expiry(utcnow() + timedelta(seconds=2))
