@@ -12,6 +12,7 @@ import torch
 
 from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
+from inference.cpu_attention import CpuPagedAttention
 from inference.detokenizer import IncrementalDetokenizer
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
@@ -93,7 +94,7 @@ class Engine:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        self.runner = ModelRunner(self.loaded.model, self.kv_tensors)
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, self._cpu_kernel(settings, head_dim))
         self.vocab_size = int(cfg.vocab_size)
         self._tracked: dict[str, _Tracked] = {}
         # Tests hook this to see the float32 logits each sampled token came from.
@@ -108,6 +109,16 @@ class Engine:
             kv_blocks=num_blocks,
             block_size=self.block_size,
         )
+
+    def _cpu_kernel(self, settings: EngineSettings, head_dim: int) -> CpuPagedAttention | None:
+        if settings.attention_backend == "torch" or self.loaded.device.type != "cpu":
+            return None
+        kernel = CpuPagedAttention.load(settings.cache_dir)
+        if kernel is None or not kernel.supports(self.loaded.dtype, head_dim, self.block_size):
+            if settings.attention_backend == "cpu_kernel":
+                raise RuntimeError("KVGATE_ATTENTION_BACKEND=cpu_kernel but the kernel cannot serve this model")
+            return None
+        return kernel
 
     @property
     def model_id(self) -> str:

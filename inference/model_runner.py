@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.cpu_attention import CpuPagedAttention, RowLayout
+from inference.cpu_linear import pack_linears
 from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
 
 
@@ -29,11 +31,13 @@ class Chunk:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv: KVTensors) -> None:
+    def __init__(self, model: torch.nn.Module, kv: KVTensors, cpu_kernel: CpuPagedAttention | None = None) -> None:
         self.model = model
         self.kv = kv
         self.device = next(model.parameters()).device
+        self.cpu_kernel = cpu_kernel
         _use_paged_attention(model)
+        pack_linears(model)
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
@@ -55,6 +59,8 @@ class ModelRunner:
             kv=self.kv,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
             seqs=tuple(seqs),
+            cpu_kernel=self.cpu_kernel,
+            rows=_row_layout(chunks, positions) if self.cpu_kernel is not None else None,
         )
         hidden = self.model.model(
             input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
@@ -67,6 +73,20 @@ class ModelRunner:
         # Only the rows that sample go through the LM head: it is the widest matmul of the model.
         rows = hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)]
         return self.model.lm_head(rows).float()
+
+
+def _row_layout(chunks: Sequence[Chunk], positions: list[int]) -> RowLayout:
+    width = max(len(c.block_ids) for c in chunks)
+    tables = torch.zeros(len(chunks), width, dtype=torch.int32)
+    row_seq = []
+    for i, chunk in enumerate(chunks):
+        tables[i, : len(chunk.block_ids)] = torch.tensor(chunk.block_ids, dtype=torch.int32)
+        row_seq.extend([i] * len(chunk.token_ids))
+    return RowLayout(
+        row_seq=torch.tensor(row_seq, dtype=torch.int32),
+        row_pos=torch.tensor(positions, dtype=torch.int32),
+        block_tables=tables,
+    )
 
 
 def _use_paged_attention(model: torch.nn.Module) -> None:

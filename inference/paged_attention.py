@@ -5,6 +5,11 @@ computes q/k/v (with RoPE) as usual and calls `paged_attention`, which writes th
 k/v into the block pool and attends over each sequence's whole context read back from
 the pool. Tokens of several sequences are packed along one batch row; `AttentionBatch`
 says where each sequence's queries sit and which blocks hold its context.
+
+On CPU the attention itself is our C kernel (cpu_attention.py): one call per layer for
+the whole batch, reading the pool in place, and batch-invariant, so a row's output
+never depends on how its prompt was chunked or what ran beside it. Elsewhere (CUDA, or
+without a C compiler) torch's SDPA kernels do it, gathering each sequence's context.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+
+from inference.cpu_attention import CpuPagedAttention, RowLayout
 
 ATTN_IMPLEMENTATION = "kvgate_paged"
 
@@ -77,6 +84,9 @@ class AttentionBatch:
     kv: KVTensors
     slot_mapping: torch.Tensor  # [num_tokens] pool slot of each new token
     seqs: tuple[SeqSlice, ...]
+    # With the CPU kernel: one call per layer for every row of the batch.
+    cpu_kernel: CpuPagedAttention | None = None
+    rows: RowLayout | None = None
 
 
 def _context(kv: KVTensors, layer: int, seq: SeqSlice, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +142,11 @@ def paged_attention(
     new_v = value[0].transpose(0, 1)
     kv.flat(layer, 0).index_copy_(0, kv_batch.slot_mapping, new_k)
     kv.flat(layer, 1).index_copy_(0, kv_batch.slot_mapping, new_v)
+    if kv_batch.cpu_kernel is not None:
+        assert kv_batch.rows is not None
+        q = query[0].transpose(0, 1)
+        out = kv_batch.cpu_kernel(q, kv.cache[layer, 0], kv.cache[layer, 1], kv_batch.rows, scale)
+        return out.unsqueeze(0), None
 
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
     on_cpu = query.device.type == "cpu"

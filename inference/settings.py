@@ -24,6 +24,9 @@ class EngineSettings(BaseSettings):
     cache_dir: Path = Field(Path.home() / ".cache" / "kvgate", description="Where converted models are kept.")
     num_threads: int | None = Field(None, description="torch intra-op threads; defaults to all cores.")
 
+    attention_backend: Literal["auto", "cpu_kernel", "torch"] = Field(
+        "auto", description="auto: our batch-invariant C kernel on CPU when it builds, else torch SDPA."
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
     kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")
     block_size: int = Field(16, gt=0)

@@ -1,0 +1,100 @@
+"""The CPU kernels: paged attention (our C code) and prepacked linears, checked against torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.cpu_attention import CpuPagedAttention, RowLayout
+from inference.cpu_linear import PackedLinear
+from inference.settings import EngineSettings
+
+
+@pytest.fixture(scope="module")
+def kernel() -> CpuPagedAttention:
+    k = CpuPagedAttention.load(EngineSettings().cache_dir)
+    assert k is not None, "the C kernel must build here (gcc is part of the machine)"
+    return k
+
+
+def make_case(dtype, head_dim, heads, kv_heads, lengths, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    num_blocks = sum(-(-n // 16) for n in lengths) + 5
+    k = torch.randn(num_blocks, 16, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(num_blocks, 16, kv_heads, head_dim, generator=gen).to(dtype)
+    perm = torch.randperm(num_blocks, generator=gen).to(torch.int32)
+    tables, start = [], 0
+    for n in lengths:
+        nb = -(-n // 16)
+        tables.append(perm[start : start + nb])
+        start += nb
+    width = max(len(t) for t in tables)
+    table = torch.zeros(len(lengths), width, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        table[i, : len(t)] = t
+    q = [torch.randn(n, heads, head_dim, generator=gen).to(dtype) for n in lengths]
+    return k, v, table, q
+
+
+def reference(k, v, table_row, q, n):
+    """float32 SDPA over a gathered context: the ground truth."""
+    kk = k[table_row.long()].flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0).float()
+    vv = v[table_row.long()].flatten(0, 1)[:n].transpose(0, 1).unsqueeze(0).float()
+    qq = q.transpose(0, 1).unsqueeze(0).float()
+    return F.scaled_dot_product_attention(qq, kk, vv, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+
+
+def run(kernel, k, v, table, rows, q_rows, scale):
+    seqs, poss = zip(*rows, strict=True)
+    layout = RowLayout(torch.tensor(seqs, dtype=torch.int32), torch.tensor(poss, dtype=torch.int32), table)
+    return kernel(torch.stack(q_rows), k, v, layout, scale)
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 2e-6), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize(("head_dim", "heads", "kv_heads"), [(64, 9, 3), (16, 4, 2), (128, 8, 8)])
+def test_matches_float32_sdpa(kernel, dtype, tol, head_dim, heads, kv_heads):
+    lengths = [1, 40, 130]
+    k, v, table, q = make_case(dtype, head_dim, heads, kv_heads, lengths)
+    rows = [(s, p) for s, n in enumerate(lengths) for p in range(n)]
+    out = run(kernel, k, v, table, rows, [q[s][p] for s, p in rows], head_dim**-0.5)
+    expected = torch.cat([reference(k, v, table[s], q[s], n) for s, n in enumerate(lengths)])
+    assert (out.float() - expected).abs().max().item() < tol
+    # Not trivially close: a wrong scale is far off.
+    wrong = run(kernel, k, v, table, rows, [q[s][p] for s, p in rows], 2 * head_dim**-0.5)
+    assert (wrong.float() - expected).abs().max().item() > 10 * tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_row_does_not_depend_on_chunking_or_neighbours(kernel, dtype):
+    n = 300
+    k, v, table, q = make_case(dtype, 64, 9, 3, [n, 50], seed=1)
+    whole = run(kernel, k, v, table, [(0, p) for p in range(n)], list(q[0]), 0.125)
+    pieces = []
+    for s, e in [(0, 37), (37, 160), (160, 161), (161, 300)]:
+        # Each piece shares its call with rows of another sequence, as under batching.
+        rows = [(1, p) for p in range(10, 13)] + [(0, p) for p in range(s, e)]
+        qs = [q[1][p] for p in range(10, 13)] + [q[0][p] for p in range(s, e)]
+        pieces.append(run(kernel, k, v, table, rows, qs, 0.125)[3:])
+    assert torch.equal(torch.cat(pieces), whole)
+    one_by_one = torch.cat([run(kernel, k, v, table, [(0, p)], [q[0][p]], 0.125) for p in range(n)])
+    assert torch.equal(one_by_one, whole)
+
+
+def test_torch_sdpa_is_not_chunk_invariant_which_is_why_we_have_the_kernel():
+    torch.manual_seed(0)
+    q = torch.randn(1, 9, 1500, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 3, 1500, 64, dtype=torch.bfloat16) for _ in range(2))
+    whole = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    first = F.scaled_dot_product_attention(q[:, :, :700], k[:, :, :700], v[:, :, :700], is_causal=True, enable_gqa=True)
+    assert not torch.equal(first, whole[:, :, :700])
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_packed_linear_is_bit_identical_to_f_linear(bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(576, 1536, bias=bias).to(torch.bfloat16)
+    packed = PackedLinear(linear)
+    for rows in (1, 3, 16, 257, 2048):
+        x = torch.randn(1, rows, 576, dtype=torch.bfloat16)
+        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
