@@ -96,7 +96,8 @@ def create_app(
         engine = engine_factory()
         await engine.start()
         hooks = billing or _discover_billing(sessions, settings)
-        usage_recorder = recorder or DatabaseUsageRecorder(sessions)
+        own_recorder = DatabaseUsageRecorder(settings.database_url) if recorder is None else None
+        usage_recorder = recorder or own_recorder
         wrap = getattr(hooks, "wrap_recorder", None)
         if wrap is not None:
             usage_recorder = wrap(usage_recorder)
@@ -122,6 +123,8 @@ def create_app(
             if close is not None:
                 await close()
             await engine.shutdown()
+            if own_recorder is not None:
+                await own_recorder.aclose()
             if isinstance(rate_limiter, RedisRateLimiter):
                 await rate_limiter.close()
             await db.dispose()

@@ -13,10 +13,8 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Literal, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from gateway.models import UsageRecord
-from kvgate.db import insert_ignore_returning
+from kvgate.db import create_sync_engine, dialect_insert
 
 UsageStatus = Literal["ok", "cancelled", "error"]
 Endpoint = Literal["messages", "chat.completions"]
@@ -71,8 +69,10 @@ class DatabaseUsageRecorder:
     queueing one per request.
     """
 
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, max_batch: int = 500) -> None:
-        self._sessions = sessions
+    def __init__(self, database_url: str, *, max_batch: int = 500) -> None:
+        # A synchronous engine driven from a worker thread: one thread hop per batch, where
+        # the asyncio drivers take one per statement (begin, insert, commit, close).
+        self._engine = create_sync_engine(database_url, pool_size=1, max_overflow=0)
         self._max_batch = max_batch
         self._pending: list[tuple[UsageEvent, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
@@ -102,8 +102,15 @@ class DatabaseUsageRecorder:
                     future.set_result(first)
 
     async def _write(self, events: list[UsageEvent]) -> set[str]:
-        async with self._sessions() as session:
-            rows = [asdict(event) for event in events]
-            inserted = await insert_ignore_returning(session, UsageRecord, rows, ["request_id"], "request_id")
-            await session.commit()
-            return set(inserted)
+        return await asyncio.to_thread(self._write_sync, [asdict(event) for event in events])
+
+    def _write_sync(self, rows: list[dict[str, object]]) -> set[str]:
+        with self._engine.begin() as conn:
+            insert = dialect_insert(conn.dialect.name)
+            statement = insert(UsageRecord).values(rows).on_conflict_do_nothing(index_elements=["request_id"])
+            return set(conn.execute(statement.returning(UsageRecord.request_id)).scalars())
+
+    async def aclose(self) -> None:
+        if self._writer is not None:
+            await asyncio.gather(self._writer, return_exceptions=True)
+        self._engine.dispose()

@@ -14,7 +14,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import DateTime, MetaData, event
-from sqlalchemy.engine import Dialect, make_url
+from sqlalchemy import create_engine as sa_create_engine
+from sqlalchemy.engine import Dialect, Engine, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
@@ -113,6 +114,14 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     return engine
 
 
+def create_sync_engine(url: str, **kwargs: Any) -> Engine:
+    """A synchronous engine (sqlite3, psycopg) for work done in a thread: migrations, batch writers."""
+    engine = sa_create_engine(sync_url(url), **kwargs)
+    if engine.dialect.name == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
 
@@ -144,8 +153,9 @@ def migrate(url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(url), revision)
 
 
-def _dialect_insert(session: AsyncSession) -> Any:
-    if session.bind is not None and session.bind.dialect.name == "postgresql":
+def dialect_insert(dialect_name: str) -> Any:
+    """The INSERT construct with ON CONFLICT support for this backend."""
+    if dialect_name == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
@@ -156,23 +166,7 @@ async def insert_ignore(
     session: AsyncSession, model: type[Base], values: dict[str, Any], conflict_columns: list[str]
 ) -> bool:
     """INSERT ... ON CONFLICT DO NOTHING on SQLite and PostgreSQL; True if a row was inserted."""
-    insert = _dialect_insert(session)
+    insert = dialect_insert(session.bind.dialect.name if session.bind is not None else "sqlite")
     statement = insert(model).values(**values).on_conflict_do_nothing(index_elements=conflict_columns)
     result = await session.execute(statement)
     return bool(result.rowcount)  # type: ignore[attr-defined]
-
-
-async def insert_ignore_returning(
-    session: AsyncSession, model: type[Base], rows: list[dict[str, Any]], conflict_columns: list[str], key: str
-) -> list[Any]:
-    """Insert many rows, skipping conflicts; the `key` values of the rows really inserted."""
-    if not rows:
-        return []
-    insert = _dialect_insert(session)
-    statement = (
-        insert(model)
-        .values(rows)
-        .on_conflict_do_nothing(index_elements=conflict_columns)
-        .returning(getattr(model, key))
-    )
-    return list((await session.execute(statement)).scalars())

@@ -109,10 +109,11 @@ def _event(request_id: str) -> UsageEvent:
     )
 
 
-async def test_usage_records_are_insert_or_ignore_by_request_id(gw_sessions: Sessions) -> None:
-    recorder = DatabaseUsageRecorder(gw_sessions)
+async def test_usage_records_are_insert_or_ignore_by_request_id(gw_sessions: Sessions, gw_db_url: str) -> None:
+    recorder = DatabaseUsageRecorder(gw_db_url)
     event = _event(f"req_{utcnow().timestamp()}")
     results = await asyncio.gather(*(recorder.record(replace(event, output_tokens=n)) for n in range(5)))
+    await recorder.aclose()
     assert sorted(results) == [False, False, False, False, True]
     async with gw_sessions() as session:
         count = await session.scalar(select(func.count()).where(UsageRecord.request_id == event.request_id))
@@ -128,12 +129,13 @@ async def test_usage_records_are_insert_or_ignore_by_request_id(gw_sessions: Ses
     assert event.prompt_tokens == 10 + 32 + 16 + 48
 
 
-async def test_concurrent_records_share_commits_and_each_lands_once(gw_sessions: Sessions) -> None:
-    recorder = DatabaseUsageRecorder(gw_sessions, max_batch=16)
+async def test_concurrent_records_share_commits_and_each_lands_once(gw_sessions: Sessions, gw_db_url: str) -> None:
+    recorder = DatabaseUsageRecorder(gw_db_url, max_batch=16)
     stamp = utcnow().timestamp()
     events = [_event(f"req_batch_{stamp}_{i}") for i in range(100)]
     assert all(await asyncio.gather(*(recorder.record(e) for e in events)))
     assert not any(await asyncio.gather(*(recorder.record(e) for e in events[:10])))
+    await recorder.aclose()
     async with gw_sessions() as session:
         count = await session.scalar(select(func.count()).where(UsageRecord.request_id.like(f"req_batch_{stamp}_%")))
     assert count == 100

@@ -1,0 +1,323 @@
+"""Gateway benchmark: the latency the gateway adds over calling the engine directly, and requests/s.
+
+    .venv/bin/python bench/gateway.py [--model PATH] [--requests N] [--write-docs]
+
+Three measurements, each with the client in this process and the gateway in a
+subprocess (uvicorn, SQLite database in a temporary directory, like `make run`):
+
+1. Engine direct vs through the gateway, sequentially, on the real engine (the tiny
+   test model by default, so engine time is short and stable): the same cached
+   prompt, one output token. Added latency = gateway latency - direct latency, per
+   percentile.
+2. The gateway alone: the same sequential requests against an engine stand-in that
+   answers instantly (bench/instant_engine.py), so the whole latency is gateway +
+   HTTP client.
+3. Requests/s at concurrency 32 against the instant stand-in.
+
+The results go to stdout, and with --write-docs into the gateway section of
+docs/benchmarks.md (between its markers; the rest of the file is left alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+ADMIN_TOKEN = "bench-admin"
+SYSTEM = "You are the assistant of a hardware store. Answer briefly and precisely. " * 14
+QUESTION = "Do you sell galvanised wood screws?"
+MARK_START, MARK_END = "<!-- gateway:start -->", "<!-- gateway:end -->"
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def summary(values_s: list[float]) -> dict[str, float]:
+    ms = [v * 1000 for v in values_s]
+    return {"p50": percentile(ms, 50), "p99": percentile(ms, 99), "mean": statistics.fmean(ms)}
+
+
+def messages_body(model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "max_tokens": 1,
+        "temperature": 0,
+        "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+        "messages": [{"role": "user", "content": QUESTION}],
+    }
+
+
+# -- the server subprocess --------------------------------------------------------------------
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.billing_hooks import NoBilling
+    from gateway.settings import GatewaySettings
+    from kvgate.db import migrate
+
+    settings = GatewaySettings(
+        database_url=args.database_url, admin_token=ADMIN_TOKEN, secret="bench", min_cacheable_tokens=64
+    )
+    migrate(settings.database_url)
+    if args.engine == "instant":
+        from bench.instant_engine import InstantEngine
+
+        def factory() -> Any:
+            return InstantEngine(Path(args.model))
+    else:
+        from inference.async_engine import AsyncEngine
+        from inference.settings import EngineSettings
+
+        def factory() -> Any:
+            return AsyncEngine.from_settings(EngineSettings(model=args.model, dtype="float32", kv_cache_gib=0.1))
+
+    # Billing's hooks are their own benchmark; this one measures the gateway's seam with the no-op.
+    app = create_app(settings, engine_factory=factory, billing=NoBilling())
+    import logging
+
+    logging.getLogger().setLevel(logging.WARNING)
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+
+
+class Server:
+    def __init__(self, engine: str, model: str, workdir: Path) -> None:
+        from tests.gateway.harness import free_port
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        db = f"sqlite:///{workdir / f'{engine}.db'}"
+        command = [sys.executable, __file__, "serve", "--engine", engine, "--model", model]
+        command += ["--port", str(self.port), "--database-url", db]
+        self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def __enter__(self) -> Server:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                self.model = httpx.get(f"{self.base}/healthz", timeout=1).json()["model"]
+                break
+            except httpx.TransportError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(self.process.stderr.read().decode() if self.process.stderr else "") from None
+                time.sleep(0.2)
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        tenant = httpx.post(f"{self.base}/admin/v1/tenants", json={"name": "bench"}, headers=admin).json()
+        self.key = httpx.post(f"{self.base}/admin/v1/tenants/{tenant['id']}/keys", json={}, headers=admin).json()["key"]
+        return self
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process has used so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+# -- measurements ---------------------------------------------------------------------------------
+
+
+async def engine_direct(model: str, n: int) -> list[float]:
+    """The same request the gateway makes, straight into the engine: pre-rendered, pre-tokenized."""
+    from gateway.cache_regions import breakpoint_regions
+    from gateway.prompt import PromptRenderer
+    from gateway.protocols.anthropic import MessagesRequest, to_chat
+    from gateway.security import tenant_salt
+    from inference.async_engine import AsyncEngine
+    from inference.settings import EngineSettings
+    from inference.types import CacheSpec, SamplingParams
+
+    engine = AsyncEngine.from_settings(EngineSettings(model=model, dtype="float32", kv_cache_gib=0.1))
+    await engine.start()
+    try:
+        renderer = PromptRenderer(apply_chat_template=engine.apply_chat_template, tokenizer=engine.tokenizer)
+        prompt = renderer.render(to_chat(MessagesRequest.model_validate(messages_body(engine.model_id))))
+        cache = CacheSpec(
+            salt=tenant_salt("bench", "ten_x"), regions=breakpoint_regions(prompt.breakpoints, min_tokens=64)
+        )
+        params = SamplingParams(max_tokens=1, temperature=0)
+        timings = []
+        for i in range(n + 5):
+            started = time.perf_counter()
+            await engine.submit(prompt.token_ids, params, cache).result()
+            if i >= 5:  # the first calls warm up the cache and the allocator
+                timings.append(time.perf_counter() - started)
+        return timings
+    finally:
+        await engine.shutdown()
+
+
+async def sequential(server: Server, n: int, path: str = "/v1/messages") -> list[float]:
+    headers = {"x-api-key": server.key, "anthropic-version": "2023-06-01"}
+    body = messages_body(server.model)
+    async with httpx.AsyncClient(base_url=server.base, headers=headers, timeout=60) as client:
+        timings = []
+        for i in range(n + 5):
+            started = time.perf_counter()
+            response = await client.post(path, json=body)
+            response.raise_for_status()
+            if i >= 5:
+                timings.append(time.perf_counter() - started)
+        return timings
+
+
+async def throughput(server: Server, total: int, concurrency: int = 32) -> tuple[float, list[float]]:
+    headers = {"x-api-key": server.key, "anthropic-version": "2023-06-01"}
+    body = messages_body(server.model)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timings: list[float] = []
+    remaining = total
+
+    async with httpx.AsyncClient(base_url=server.base, headers=headers, timeout=120, limits=limits) as client:
+        for _ in range(concurrency):  # warm up every connection
+            (await client.post("/v1/messages", json=body)).raise_for_status()
+
+        async def worker() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                started = time.perf_counter()
+                response = await client.post("/v1/messages", json=body)
+                response.raise_for_status()
+                timings.append(time.perf_counter() - started)
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - started
+    return total / elapsed, timings
+
+
+def default_model() -> str:
+    from tests.model_fixtures import build_tiny_model
+
+    return str(build_tiny_model("llama"))
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, no GPU"
+
+
+def run(args: argparse.Namespace) -> str:
+    model = args.model or default_model()
+    n = args.requests
+    with tempfile.TemporaryDirectory() as tmp:
+        direct = summary(asyncio.run(engine_direct(model, n)))
+        with Server("engine", model, Path(tmp)) as server:
+            through = summary(asyncio.run(sequential(server, n)))
+        with Server("instant", model, Path(tmp)) as server:
+            alone = summary(asyncio.run(sequential(server, n)))
+            cpu_before = server.cpu_seconds()
+            rps, timings = asyncio.run(throughput(server, args.throughput_requests))
+            cpu_ms = (server.cpu_seconds() - cpu_before) * 1000 / (args.throughput_requests + 32)
+            loaded = summary(timings)
+    added = {k: through[k] - direct[k] for k in ("p50", "p99")}
+
+    def row(label: str, values: dict[str, float], bold: bool = False) -> str:
+        cells = [f"{values['p50']:.2f}", f"{values['p99']:.2f}"]
+        if bold:
+            label, cells = f"**{label}**", [f"**{c}**" for c in cells]
+        return f"| {label} | {cells[0]} | {cells[1]} |"
+
+    rows = [
+        "| measurement | p50 ms | p99 ms |",
+        "|---|---:|---:|",
+        row("engine called directly (tiny model, 1 output token, cached prompt)", direct),
+        row("the same request through the gateway (HTTP, Anthropic API)", through),
+        row("gateway added latency (difference)", added, bold=True),
+        row("gateway alone: instant engine, sequential", alone),
+        row("gateway alone: instant engine, 32 concurrent", loaded),
+    ]
+    return "\n".join(
+        [
+            MARK_START,
+            "## Gateway",
+            "",
+            f"`.venv/bin/python bench/gateway.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on {machine()}.",
+            "Gateway in one uvicorn process with a SQLite database (the `make run` set-up: key lookup, rate-limit",
+            "and usage-record writes on every request; billing hooks left as the no-op); the httpx client in a",
+            f"second process on the same two cores. {n} sequential requests per row after 5 warm-up requests;",
+            "the prompt is a ~200-token system block with a 5m breakpoint plus a question, served from the cache.",
+            "",
+            *rows,
+            "",
+            f"**Requests/s at concurrency 32, instant engine: {rps:.0f}** ({args.throughput_requests} requests;",
+            f"the gateway process used {cpu_ms:.2f} ms of CPU per request, the client the rest of the two cores).",
+            "",
+            "What the added latency buys per request: auth (SHA-256 lookup), salt (HMAC), chat-template",
+            "rendering twice (to place the breakpoint) and tokenization, rate-limit check, the engine hand-off,",
+            "the usage-record INSERT, JSON encoding and HTTP. For reference, LiteLLM publishes 2-12 ms median",
+            "proxy overhead at ~1k RPS on 4-vCPU instances.",
+            MARK_END,
+        ]
+    )
+
+
+def write_docs(section: str) -> None:
+    path = REPO / "docs" / "benchmarks.md"
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    if MARK_START in text and MARK_END in text:
+        head, rest = text.split(MARK_START, 1)
+        tail = rest.split(MARK_END, 1)[1]
+        text = head + section + tail
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command")
+    server = sub.add_parser("serve", help=argparse.SUPPRESS)
+    server.add_argument("--engine", choices=["engine", "instant"], required=True)
+    server.add_argument("--model", required=True)
+    server.add_argument("--port", type=int, required=True)
+    server.add_argument("--database-url", required=True)
+    parser.add_argument("--model", help="checkpoint directory (default: the tiny test model)")
+    parser.add_argument("--requests", type=int, default=300, help="sequential requests per latency row")
+    parser.add_argument("--throughput-requests", type=int, default=3000)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    if args.command == "serve":
+        serve(args)
+        return
+    section = run(args)
+    print(section)
+    if args.write_docs:
+        write_docs(section)
+
+
+if __name__ == "__main__":
+    main()
