@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
+
+from sqlalchemy.engine import make_url
 
 from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
@@ -159,7 +162,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     settings = GatewaySettings(**overrides)
     configure_logging(settings.log_level)
+    # Alembic narrates every plugin it loads at INFO; one line of our own says what matters.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     migrate(settings.database_url)
+    print(f"kvgate: database {make_url(settings.database_url)!r} is migrated", file=sys.stderr, flush=True)
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None, access_log=False)
