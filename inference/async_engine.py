@@ -110,6 +110,8 @@ class AsyncEngine:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
+        if self.core is not None:
+            await asyncio.to_thread(self.core.close)
 
     # -- properties ---------------------------------------------------------------------
 

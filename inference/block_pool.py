@@ -7,6 +7,11 @@ release time, and a block's expiry is its release time + its TTL, so every queue
 head is both its least recently used and its earliest-expiring block. Allocation
 takes, in order: an empty block; the earliest-expired head; the least recently used
 head. All queue operations are O(1) and allocate nothing.
+
+Soft pinning: free blocks whose TTL is at least pin_min_ttl_s (1-hour regions) are
+passed over for unpinned ones while they fill at most pin_share of the pool. Past
+that share, or when only pinned blocks are left, plain LRU applies, so pinned
+blocks can never wedge the pool.
 """
 
 from __future__ import annotations
@@ -100,12 +105,21 @@ EMPTY = -1  # queue key of blocks that hold no committed data
 class BlockPool:
     """All KV blocks of the device, allocated once.
 
-    on_evict(block) is called just before a committed block's data is reused, so a
-    lower tier can copy it out first.
+    on_evict(block) is called just before an unexpired committed block's data is
+    reused, so a lower tier can copy it out first. pin_share 0 turns pinning off.
     """
 
-    def __init__(self, num_blocks: int, on_evict: Callable[[KVBlock], None] | None = None) -> None:
-        assert num_blocks > 0
+    def __init__(
+        self,
+        num_blocks: int,
+        on_evict: Callable[[KVBlock], None] | None = None,
+        *,
+        pin_min_ttl_s: int = 3600,
+        pin_share: float = 0.0,
+    ) -> None:
+        assert num_blocks > 0 and 0.0 <= pin_share <= 1.0
+        self.pin_min_ttl_s = pin_min_ttl_s
+        self.max_pinned_free = int(pin_share * num_blocks)
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.cached: dict[BlockHash, KVBlock] = {}
         self.empty = FreeBlockQueue(EMPTY)
@@ -226,7 +240,15 @@ class BlockPool:
         expired = [b for b in heads if b.expires_at <= now]
         if expired:
             return min(expired, key=lambda b: b.expires_at)
+        if self.num_pinned_free <= self.max_pinned_free:
+            unpinned = [b for b in heads if b.ttl_s < self.pin_min_ttl_s]
+            heads = unpinned or heads
         return min(heads, key=lambda b: b.last_used)
+
+    @property
+    def num_pinned_free(self) -> int:
+        """Free cached blocks that soft pinning protects (TTL of at least pin_min_ttl_s)."""
+        return sum(len(q) for ttl, q in self.by_ttl.items() if ttl >= self.pin_min_ttl_s)
 
     def _uncache(self, block: KVBlock) -> None:
         assert block.block_hash is not None

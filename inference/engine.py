@@ -23,6 +23,7 @@ from inference.request import Request, RequestStatus
 from inference.sampler import make_generator, sample
 from inference.scheduler import ScheduledChunk, Scheduler
 from inference.settings import EngineSettings
+from inference.tiers import TierManager
 from inference.types import (
     CacheSpec,
     FinishReason,
@@ -86,9 +87,15 @@ class Engine:
             dtype=self.loaded.dtype,
             device=self.loaded.device,
         )
-        self.pool = BlockPool(num_blocks)
+        self.tiers = TierManager.from_settings(settings, self.kv_tensors.cache, self.clock)
+        self.pool = BlockPool(
+            num_blocks,
+            on_evict=self.tiers.on_device_evict if self.tiers is not None else None,
+            pin_min_ttl_s=settings.kv_pin_min_ttl_s,
+            pin_share=settings.kv_pin_share,
+        )
         self.hasher = BlockHasher(model_id=self.loaded.model_id, block_size=self.block_size, algo=settings.hash_algo)
-        self.kv = KVCacheManager(pool=self.pool, hasher=self.hasher, clock=self.clock)
+        self.kv = KVCacheManager(pool=self.pool, hasher=self.hasher, clock=self.clock, tiers=self.tiers)
         self.scheduler = Scheduler(
             kv=self.kv,
             max_num_seqs=settings.max_num_seqs,
@@ -119,6 +126,11 @@ class Engine:
                 raise RuntimeError("KVGATE_ATTENTION_BACKEND=cpu_kernel but the kernel cannot serve this model")
             return None
         return kernel
+
+    def close(self) -> None:
+        """Finish writes to the KV disk tier and release it; the engine must not step afterwards."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     @property
     def model_id(self) -> str:

@@ -8,7 +8,11 @@ from inference.block_pool import BlockPool, KVBlock
 from inference.clock import Clock
 from inference.hashing import BlockHasher
 from inference.request import Request
+from inference.tiers import TierHit, TierManager
 from inference.types import CacheSpec, TierCounts
+
+# A leading block found in the cache: on the device, or in a tier below it.
+Hit = KVBlock | TierHit
 
 
 def commit_ttls(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, default_ttl_s: int) -> list[int]:
@@ -49,57 +53,97 @@ def split_points(*, num_prompt_tokens: int, block_size: int, cache: CacheSpec, c
 
 
 class KVCacheManager:
-    def __init__(self, *, pool: BlockPool, hasher: BlockHasher, clock: Clock) -> None:
+    def __init__(self, *, pool: BlockPool, hasher: BlockHasher, clock: Clock, tiers: TierManager | None = None) -> None:
         self.pool = pool
         self.hasher = hasher
         self.clock = clock
+        self.tiers = tiers
         self.block_size = hasher.block_size
         # Prometheus-style counters, in tokens, as vLLM's prefix_cache_queries/hits.
         self.num_query_tokens = 0
         self.num_hit_tokens = 0
+        self.num_hit_tokens_by_tier = {"device": 0, "host": 0, "disk": 0}
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def find_hits(self, request: Request) -> list[KVBlock]:
-        """The longest run of live cached blocks matching the request's leading blocks."""
+    def find_hits(self, request: Request) -> list[Hit]:
+        """The longest run of the request's leading blocks found live, each in the fastest tier holding it."""
         now = self.clock.now()
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
         bs = self.block_size
-        hits: list[KVBlock] = []
+        hits: list[Hit] = []
         for j in range(limit):
-            block = self.pool.get_cached(request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], now)
-            if block is None:
+            block_hash, tokens = request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]
+            hit: Hit | None = self.pool.get_cached(block_hash, tokens, now)
+            if hit is None and self.tiers is not None:
+                hit = self.tiers.lookup(block_hash, tokens, now)
+            if hit is None:
                 break
-            hits.append(block)
+            hits.append(hit)
         return hits
 
-    def admit(self, request: Request, hits: list[KVBlock], num_new_tokens: int) -> bool:
+    def admit(self, request: Request, hits: list[Hit], num_new_tokens: int) -> bool:
         """Take the request's prefix hits (from find_hits) and blocks for its first chunk.
 
-        False, changing nothing, when the pool cannot hold the chunk. num_new_tokens
-        counts from the end of the hits.
+        Hits from lower tiers are loaded into fresh device blocks here, before any
+        prefill. False, changing no request state, when the pool cannot hold the
+        chunk, or when a lower-tier hit is gone or fails verification (it is dropped,
+        so the next find_hits stops before it). num_new_tokens counts from the end of
+        the hits.
         """
         assert not request.blocks and request.num_computed_tokens == 0
         num_hit_tokens = len(hits) * self.block_size
-        needed = self.blocks_needed(num_hit_tokens + num_new_tokens) - len(hits)
-        free_after_touch = self.pool.num_free - sum(1 for b in hits if b.ref_count == 0)
+        on_device = [h for h in hits if isinstance(h, KVBlock)]
+        below = [h for h in hits if isinstance(h, TierHit)]
+        needed = self.blocks_needed(num_hit_tokens + num_new_tokens) - len(on_device)
+        free_after_touch = self.pool.num_free - sum(1 for b in on_device if b.ref_count == 0)
         if needed > free_after_touch:
+            return False
+        if below and not self._lock(below):
             return False
         now = self.clock.now()
         ttls = [request.commit_ttls[j] if j < len(request.commit_ttls) else 0 for j in range(len(hits))]
-        self.pool.touch(hits, ttls, now)
-        request.blocks = [*hits, *self.pool.allocate(needed, now)]
+        self.pool.touch(on_device, [t for h, t in zip(hits, ttls, strict=True) if isinstance(h, KVBlock)], now)
+        fresh = self.pool.allocate(needed, now)
+        promoted = iter(fresh[: len(below)])
+        blocks = [h if isinstance(h, KVBlock) else next(promoted) for h in hits]
+        if below and not self._promote(request, hits, blocks, ttls, now):
+            self.pool.release([*on_device, *fresh], now)
+            return False
+        request.blocks = [*blocks, *fresh[len(below) :]]
         request.num_computed_tokens = num_hit_tokens
         request.num_committed_blocks = len(hits)
         if request.num_cached_tokens is None:
             # Reads are counted once, at the first admission: these are the tokens whose
             # prefill this request really skipped. Re-admissions after preemption are ours.
+            by_tier = tier_counts(hits, self.block_size)
             request.num_cached_tokens = num_hit_tokens
-            request.cached_by_tier = TierCounts(device=num_hit_tokens)
+            request.cached_by_tier = by_tier
             request.num_accounted_blocks = len(hits)
             self.num_query_tokens += request.num_prompt_tokens
             self.num_hit_tokens += num_hit_tokens
+            for tier in self.num_hit_tokens_by_tier:
+                self.num_hit_tokens_by_tier[tier] += getattr(by_tier, tier)
+        return True
+
+    def _lock(self, below: list[TierHit]) -> bool:
+        assert self.tiers is not None
+        return self.tiers.lock(below)
+
+    def _promote(self, request: Request, hits: list[Hit], blocks: list[KVBlock], ttls: list[int], now: float) -> bool:
+        """Load the lower-tier hits into their fresh device blocks and commit them there."""
+        assert self.tiers is not None
+        moves = [(j, h, b) for j, (h, b) in enumerate(zip(hits, blocks, strict=True)) if isinstance(h, TierHit)]
+        if not self.tiers.load([h for _, h, _ in moves], [b.block_id for _, _, b in moves]):
+            return False
+        bs = self.block_size
+        for j, hit, block in moves:
+            ttl = max(hit.entry.ttl_s, ttls[j])
+            committed = self.pool.commit(
+                block, request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], ttl, now
+            )
+            assert committed, "a promoted block's hash is live on the device"
         return True
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
@@ -141,3 +185,10 @@ class KVCacheManager:
     @staticmethod
     def block_ids(blocks: Sequence[KVBlock]) -> list[int]:
         return [b.block_id for b in blocks]
+
+
+def tier_counts(hits: Sequence[Hit], block_size: int) -> TierCounts:
+    """Hit tokens by the tier each block was found in."""
+    host = sum(block_size for h in hits if isinstance(h, TierHit) and h.tier == "host")
+    disk = sum(block_size for h in hits if isinstance(h, TierHit) and h.tier == "disk")
+    return TierCounts(device=len(hits) * block_size - host - disk, host=host, disk=disk)

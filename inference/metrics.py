@@ -17,6 +17,7 @@ from inference.types import RequestOutput
 
 if TYPE_CHECKING:
     from inference.async_engine import AsyncEngine
+    from inference.engine import Engine
 
 T = TypeVar("T")
 
@@ -126,3 +127,51 @@ class EngineMetrics:
         yield counter("vllm:num_preemptions", "Requests preempted to free KV blocks.", core.scheduler.num_preemptions)
         yield gauge("vllm:num_requests_running", "Requests decoding or prefilling.", core.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", core.num_waiting)
+        yield from _tier_metrics(core, model)
+
+
+# Per-tier counters: (metric name, TierStats field, help).
+_TIER_COUNTERS = (
+    ("kvgate:kv_tier_stores", "stores", "Blocks stored into a KV tier below the device."),
+    ("kvgate:kv_tier_loads", "loads", "Blocks loaded from a KV tier into the device (promotions)."),
+    ("kvgate:kv_tier_evictions", "evictions", "Blocks that left a KV tier for space or expiry."),
+    ("kvgate:kv_tier_demotions", "demotions", "Evicted blocks written to the tier below."),
+    ("kvgate:kv_tier_bytes_written", "bytes_written", "Bytes copied into a KV tier."),
+    ("kvgate:kv_tier_bytes_read", "bytes_read", "Bytes copied out of a KV tier into the device."),
+    ("kvgate:kv_tier_checksum_failures", "checksum_failures", "Stored blocks that failed verification (misses)."),
+    ("kvgate:kv_tier_dropped_stores", "dropped_stores", "Blocks a KV tier could not store."),
+)
+
+
+def _tier_metrics(core: Engine, model: str) -> Iterator[Metric]:
+    """Hits per tier (device included, in tokens), and each lower tier's traffic and occupancy."""
+    hits = CounterMetricFamily(
+        "kvgate:kv_tier_hit_tokens", "Prompt tokens read from the cache, by the tier they were found in.",
+        labels=["model_name", "tier"],
+    )  # fmt: skip
+    for tier, tokens in dict(core.kv.num_hit_tokens_by_tier).items():
+        hits.add_metric([model, tier], tokens)
+    yield hits
+    tiers = core.tiers.tiers if core.tiers is not None else []
+    for name, field, doc in _TIER_COUNTERS:
+        family = CounterMetricFamily(name, doc, labels=["model_name", "tier"])
+        for tier in tiers:
+            family.add_metric([model, tier.name], getattr(tier.stats, field))
+        yield family
+    used = GaugeMetricFamily("kvgate:kv_tier_blocks_used", "Blocks held by a KV tier.", labels=["model_name", "tier"])
+    total = GaugeMetricFamily("kvgate:kv_tier_blocks_total", "Capacity of a KV tier.", labels=["model_name", "tier"])
+    used_bytes = GaugeMetricFamily(
+        "kvgate:kv_tier_bytes_used", "Bytes of KV held by a KV tier.", labels=["model_name", "tier"]
+    )
+    for tier in tiers:
+        n = len(tier)
+        used.add_metric([model, tier.name], n)
+        total.add_metric([model, tier.name], tier.capacity)
+        used_bytes.add_metric([model, tier.name], n * tier.layout.nbytes)
+    yield from (used, total, used_bytes)
+    if core.tiers is not None and core.tiers.worker is not None:
+        pending = GaugeMetricFamily(
+            "kvgate:kv_offload_pending", "Blocks queued for the disk tier.", labels=["model_name"]
+        )
+        pending.add_metric([model], core.tiers.worker.num_pending)
+        yield pending

@@ -36,3 +36,17 @@ class EngineSettings(BaseSettings):
     max_num_seqs: int = Field(64, gt=0, description="Most requests running at once.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Prefill token budget per engine step.")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue capacity; beyond it requests are refused.")
+
+    # KV tiers below the device pool (see docs/architecture.md, "KV tiers").
+    kv_host_gib: float = Field(0.0, ge=0, description="Host-memory KV tier size; 0 turns it off. Pinned on CUDA.")
+    kv_disk_dir: Path | None = Field(None, description="Disk KV tier directory, kept across restarts; unset: off.")
+    kv_disk_gib: float = Field(16.0, gt=0, description="Disk KV tier size.")
+    kv_host_blocks: int | None = Field(None, ge=0, description="Host tier size in blocks; overrides kv_host_gib.")
+    kv_disk_blocks: int | None = Field(None, ge=0, description="Disk tier size in blocks; overrides kv_disk_gib.")
+    kv_pin_min_ttl_s: int = Field(3600, gt=0, description="Blocks with at least this TTL are soft-pinned.")
+    kv_pin_share: float = Field(
+        0.5, ge=0, le=1, description="Most share of each tier that pinned blocks are kept in preference to others."
+    )
+    kv_offload_staging_mib: float = Field(
+        64.0, gt=0, description="Host buffers for blocks on their way to disk; when full, evictions wait."
+    )

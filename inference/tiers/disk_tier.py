@@ -1,0 +1,296 @@
+"""The disk tier: fixed-size block records in segment files, indexed in memory, rebuilt at start-up.
+
+Files live in <dir>/kv-<layout fingerprint>/seg-NNNNNN.kvs, each holding up to
+slots_per_segment records (see disk_format). Slot s is record s % slots_per_segment
+of segment s // slots_per_segment; a slot is reused in place when its entry is
+evicted. One engine owns a directory at a time (an flock on its LOCK file).
+
+The offload worker writes; the engine thread looks up, locks and reads. A mutex
+guards the index; file I/O runs outside it. Entries being loaded are locked, so the
+worker never overwrites their slots mid-read.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import structlog
+
+from inference.clock import Clock
+from inference.hashing import BlockHash
+from inference.tiers.disk_format import RecordHeader, checksum, header_size, payload_offset, record_size
+from inference.tiers.layout import BlockLayout
+from inference.tiers.lru_index import LruIndex, TierEntry
+from inference.tiers.stats import TierStats
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_SEGMENT_BYTES = 256 * 2**20
+
+
+class DiskTierLockedError(RuntimeError):
+    """Another engine already uses this disk tier directory."""
+
+
+def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view, offset = view[n:], offset + n
+
+
+class DiskTier:
+    name = "disk"
+
+    def __init__(
+        self,
+        root: Path,
+        layout: BlockLayout,
+        capacity: int,
+        *,
+        clock: Clock,
+        pin_min_ttl_s: int,
+        pin_share: float,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    ) -> None:
+        assert capacity > 0
+        self.layout = layout
+        self.clock = clock
+        self.dir = Path(root) / f"kv-{layout.fingerprint}"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._dir_lock = self._lock_dir()
+        bs = layout.block_size
+        self._header_size = header_size(bs)
+        self._payload_offset = payload_offset(bs)
+        self.record_size = record_size(bs, layout.nbytes)
+        self.slots_per_segment = max(1, segment_bytes // self.record_size)
+        self.index = LruIndex(capacity, pin_min_ttl_s=pin_min_ttl_s, pin_share=pin_share)
+        self.stats = TierStats()
+        self.num_purged_at_start = 0
+        self._layout_key = int(layout.fingerprint, 16)
+        self._mutex = threading.Lock()
+        self._fds: dict[int, int] = {}
+        self._free_slots: list[int] = []
+        self._rebuild(clock.now())
+
+    @property
+    def capacity(self) -> int:
+        return self.index.capacity
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    # -- engine thread ----------------------------------------------------------------
+
+    def lookup(self, block_hash: BlockHash, token_ids: Sequence[int], now: float) -> TierEntry | None:
+        """The live entry holding exactly token_ids under block_hash; an expired one is dropped."""
+        with self._mutex:
+            entry = self.index.get(block_hash)
+            if entry is None:
+                return None
+            if entry.expired(now):
+                if entry.locks == 0:
+                    self._drop(entry)
+                    self.stats.evictions += 1
+                return None
+            return entry if entry.token_ids == tuple(token_ids) else None
+
+    def refresh(self, entry: TierEntry) -> bool:
+        """If the block is stored already, refresh its entry from entry (TTL, expiry, recency): True."""
+        with self._mutex:
+            existing = self.index.get(entry.block_hash)
+            if existing is None:
+                return False
+            self.index.refresh(existing, entry)
+            return True
+
+    def lock(self, entries: Sequence[TierEntry]) -> bool:
+        """Lock entries against eviction for a load; False, locking none, if one is gone already."""
+        with self._mutex:
+            if any(self.index.get(e.block_hash) is not e for e in entries):
+                return False
+            for entry in entries:
+                entry.locks += 1
+            return True
+
+    def unlock(self, entries: Sequence[TierEntry], *, bad: Sequence[TierEntry] = ()) -> None:
+        """Undo lock(); entries in bad failed verification and are dropped (their headers cleared)."""
+        with self._mutex:
+            for entry in entries:
+                assert entry.locks > 0
+                entry.locks -= 1
+            for entry in bad:
+                if entry.locks == 0 and self.index.get(entry.block_hash) is entry:
+                    self._drop(entry)
+                    self.stats.evictions += 1
+        for entry in bad:
+            self._clear_header(entry.slot)
+
+    def read(self, entry: TierEntry, out: np.ndarray) -> bool:
+        """Read a locked entry's payload into out (uint8, nbytes); False if short or its checksum fails."""
+        assert entry.locks > 0 and out.nbytes == self.layout.nbytes
+        fd, offset = self._locate(entry.slot)
+        try:
+            n = os.preadv(fd, [out], offset + self._payload_offset)
+        except OSError as exc:
+            log.warning("kv_disk_read_failed", error=str(exc))
+            n = -1
+        ok = n == out.nbytes and checksum(out) == entry.checksum
+        with self._mutex:
+            if ok:
+                self.stats.loads += 1
+                self.stats.bytes_read += out.nbytes
+                self.index.touch(entry)
+            else:
+                self.stats.checksum_failures += 1
+        return ok
+
+    # -- offload worker -----------------------------------------------------------------
+
+    def write(self, entry: TierEntry, data: np.ndarray) -> None:
+        """Store a block (entry carries its metadata); a block already stored is only refreshed."""
+        assert data.nbytes == self.layout.nbytes
+        with self._mutex:
+            existing = self.index.get(entry.block_hash)
+            if existing is not None:  # stored while this job waited
+                self.index.refresh(existing, entry)
+                return
+            slot = self._take_slot(self.clock.now())
+            if slot is None:
+                self.stats.dropped_stores += 1
+                return
+        entry.checksum = checksum(data)
+        try:
+            self._write_record(slot, entry, data)
+        except OSError as exc:
+            log.warning("kv_disk_write_failed", error=str(exc))
+            with self._mutex:
+                self._free_slots.append(slot)
+                self.stats.dropped_stores += 1
+            return
+        with self._mutex:
+            entry.slot = slot
+            self.index.add(entry)
+            self.stats.stores += 1
+            self.stats.bytes_written += data.nbytes
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+        if self._dir_lock is not None:
+            os.close(self._dir_lock)  # releases the flock
+            self._dir_lock = None
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _take_slot(self, now: float) -> int | None:
+        if self._free_slots:
+            return self._free_slots.pop()
+        victim = self.index.pick_victim(now)
+        if victim is None:
+            return None
+        self.index.remove(victim)
+        self.stats.evictions += 1
+        return victim.slot
+
+    def _drop(self, entry: TierEntry) -> None:
+        self.index.remove(entry)
+        self._free_slots.append(entry.slot)
+
+    def _write_record(self, slot: int, entry: TierEntry, data: np.ndarray) -> None:
+        fd, offset = self._locate(slot)
+        header = RecordHeader(
+            layout=self._layout_key,
+            block_hash=entry.block_hash,
+            ttl_s=entry.ttl_s,
+            last_used=entry.last_used,
+            expires_at=entry.expires_at,
+            payload_len=data.nbytes,
+            payload_checksum=entry.checksum,
+            token_ids=entry.token_ids,
+        ).pack()
+        # Clear, payload, header: until the last write lands, the slot holds no valid header.
+        _pwrite_all(fd, bytes(self._header_size), offset)
+        _pwrite_all(fd, data, offset + self._payload_offset)
+        _pwrite_all(fd, header, offset)
+
+    def _clear_header(self, slot: int) -> None:
+        fd, offset = self._locate(slot)
+        try:
+            _pwrite_all(fd, bytes(self._header_size), offset)
+        except OSError as exc:
+            log.warning("kv_disk_write_failed", error=str(exc))
+
+    def _locate(self, slot: int) -> tuple[int, int]:
+        segment, index = divmod(slot, self.slots_per_segment)
+        fd = self._fds.get(segment)
+        if fd is None:
+            fd = self._fds[segment] = os.open(self._segment_path(segment), os.O_RDWR | os.O_CREAT, 0o644)
+        return fd, index * self.record_size
+
+    def _segment_path(self, segment: int) -> Path:
+        return self.dir / f"seg-{segment:06d}.kvs"
+
+    def _lock_dir(self) -> int:
+        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise DiskTierLockedError(f"another engine is using the KV disk tier in {self.dir}") from None
+        return fd
+
+    def _rebuild(self, now: float) -> None:
+        """Index every valid, unexpired record; purge expired ones; drop segments past the capacity."""
+        found: list[tuple[RecordHeader, int]] = []
+        for path in sorted(self.dir.glob("seg-*.kvs")):
+            segment = int(path.stem.removeprefix("seg-"))
+            first = segment * self.slots_per_segment
+            if first >= self.capacity:
+                path.unlink()
+                continue
+            fd, _ = self._locate(first)
+            num_slots = min(self.slots_per_segment, self.capacity - first)
+            if os.fstat(fd).st_size > num_slots * self.record_size:
+                os.ftruncate(fd, num_slots * self.record_size)  # the capacity shrank
+            for slot in range(first, first + num_slots):
+                header = self._read_header(slot)
+                if header is None:
+                    continue
+                if header.expires_at <= now:
+                    self._clear_header(slot)
+                    self.num_purged_at_start += 1
+                    continue
+                found.append((header, slot))
+        used: set[int] = set()
+        for header, slot in sorted(found, key=lambda f: f[0].last_used):
+            old = self.index.get(header.block_hash)
+            if old is not None:  # the same block twice (a crash between writes): keep the newer
+                self.index.remove(old)
+                used.discard(old.slot)
+            entry = TierEntry(
+                block_hash=header.block_hash,
+                token_ids=header.token_ids,
+                ttl_s=header.ttl_s,
+                expires_at=header.expires_at,
+                last_used=header.last_used,
+                slot=slot,
+                checksum=header.payload_checksum,
+            )
+            self.index.add(entry)
+            used.add(slot)
+        self._free_slots = [s for s in range(self.capacity - 1, -1, -1) if s not in used]
+        log.info("kv_disk_tier_ready", dir=str(self.dir), blocks=len(self.index), purged=self.num_purged_at_start)
+
+    def _read_header(self, slot: int) -> RecordHeader | None:
+        fd, offset = self._locate(slot)
+        header = RecordHeader.unpack(os.pread(fd, self._header_size, offset), block_size=self.layout.block_size)
+        if header is None or header.layout != self._layout_key or header.payload_len != self.layout.nbytes:
+            return None
+        return header
