@@ -19,7 +19,7 @@ import structlog
 
 from gateway.billing_hooks import Admission
 from gateway.engine import Handle
-from gateway.errors import InvalidRequestError, OverloadedError, RateLimitError
+from gateway.errors import ApiError, InvalidRequestError, OverloadedError, RateLimitError
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
@@ -90,6 +90,17 @@ class TokenCounts:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """A request reduced to what the engine needs."""
+
+    model: str
+    prompt: RenderedPrompt
+    sampling: SamplingParams
+    regions: tuple[CacheRegion, ...]
+    client_salt: str | None
+
+
+@dataclass(frozen=True)
 class Finished:
     output: RequestOutput
     counts: TokenCounts
@@ -143,6 +154,16 @@ class Generation:
         if usage is not None:
             return TokenCounts.from_usage(usage)
         return TokenCounts(input=self.prompt_tokens, write_5m=0, write_1h=0, write_24h=0, read=0, output=0)
+
+    async def complete_or_raise(self) -> tuple[Finished, dict[str, str]]:
+        """The finished request and its response headers; a 500 if the engine failed it."""
+        finished = await self.complete()
+        if finished.status == "error":
+            raise ApiError(finished.output.error or "the engine failed while generating")
+        headers = self.rate_limit_headers
+        if finished.cost_usd is not None:
+            headers["kvgate-cost-usd"] = str(finished.cost_usd)
+        return finished, headers
 
     async def complete(self) -> Finished:
         """Wait for the engine's result and do the bookkeeping (non-streaming path)."""
@@ -223,18 +244,9 @@ class Generation:
         return Finished(output=output, counts=counts, status=status, cost_usd=cost)
 
 
-async def start_generation(
-    gw: Gateway,
-    *,
-    ctx: RequestContext,
-    model: str,
-    endpoint: Endpoint,
-    prompt: RenderedPrompt,
-    regions: tuple[CacheRegion, ...],
-    sampling: SamplingParams,
-    client_salt: str | None,
-) -> Generation:
+async def start_generation(gw: Gateway, *, ctx: RequestContext, endpoint: Endpoint, prepared: Prepared) -> Generation:
     """Admit the request (rate limits, billing) and hand it to the engine."""
+    model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
     principal = ctx.principal
     limits = gw.limits_for(principal)
     prompt_tokens = len(prompt.token_ids)
@@ -268,7 +280,7 @@ async def start_generation(
     except BaseException:
         await refund()
         raise
-    cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, client_salt), regions=regions)
+    cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, prepared.client_salt), regions=prepared.regions)
     submitted_at = time.perf_counter()
     try:
         handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id)

@@ -84,6 +84,17 @@ def _view(limit: int, tokens: float, now: float) -> BucketView:
     return BucketView(limit, math.floor(tokens), now + (limit - tokens) * WINDOW_S / limit)
 
 
+def _decision(limits: Limits, req: float, itok: float, wait: float, reserved: int, now: float) -> Decision:
+    rpm, itpm = limits.requests_per_minute, limits.input_tokens_per_minute
+    return Decision(
+        allowed=wait == 0.0,
+        retry_after_s=wait,
+        requests=_view(rpm, req, now) if rpm else None,
+        input_tokens=_view(itpm, itok, now) if itpm else None,
+        reserved_input_tokens=reserved,
+    )
+
+
 def _wait_s(limit: int, tokens: float, cost: int) -> float:
     return max(0.0, (cost - tokens) * WINDOW_S / limit)
 
@@ -114,13 +125,7 @@ class MemoryRateLimiter:
             self._buckets[(key_id, "req")] = (req, now)
         if itpm:
             self._buckets[(key_id, "itok")] = (itok, now)
-        return Decision(
-            allowed=wait == 0.0,
-            retry_after_s=wait,
-            requests=_view(rpm, req, now) if rpm else None,
-            input_tokens=_view(itpm, itok, now) if itpm else None,
-            reserved_input_tokens=reserved,
-        )
+        return _decision(limits, req, itok, wait, reserved, now)
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
         now = self._clock()
@@ -209,14 +214,7 @@ class RedisRateLimiter:
     async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
         now = self._clock()
         req, itok, wait, reserved = await self._run(key_id, limits, 1, input_tokens, "acquire")
-        rpm, itpm = limits.requests_per_minute, limits.input_tokens_per_minute
-        return Decision(
-            allowed=wait == 0.0,
-            retry_after_s=wait,
-            requests=_view(rpm, req, now) if rpm else None,
-            input_tokens=_view(itpm, itok, now) if itpm else None,
-            reserved_input_tokens=reserved,
-        )
+        return _decision(limits, req, itok, wait, reserved, now)
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
         if requests or input_tokens:

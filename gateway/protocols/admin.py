@@ -7,12 +7,10 @@ from typing import Literal
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+from gateway.protocols.common import Strict
 
 
-class TenantCreate(_Strict):
+class TenantCreate(Strict):
     name: str = Field(min_length=1, max_length=200)
 
 
@@ -28,7 +26,7 @@ class TenantList(BaseModel):
     data: list[TenantOut]
 
 
-class KeyCreate(_Strict):
+class KeyCreate(Strict):
     name: str = Field("default", min_length=1, max_length=200)
     expires_at: AwareDatetime | None = None
     requests_per_minute: int | None = Field(None, gt=0, le=10_000_000)

@@ -6,54 +6,40 @@ import itertools
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, Discriminator, Field, Tag
 
 from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
+from gateway.protocols.common import OtherType, Strict, type_tag
 
 MAX_BREAKPOINTS = 4
 TTL_SECONDS = {"5m": 300, "1h": 3600}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class CacheControl(_Strict):
+class CacheControl(Strict):
     type: Literal["ephemeral"]
     ttl: Literal["5m", "1h"] = "5m"
 
 
-class TextBlock(_Strict):
+class TextBlock(Strict):
     type: Literal["text"]
     text: str
     cache_control: CacheControl | None = None
     citations: list[dict[str, Any]] | None = None
 
 
-class OtherBlock(BaseModel):
-    """Any other block type (image, document, tool_use, ...): parsed so it can be refused clearly."""
-
-    model_config = ConfigDict(extra="allow")
-    type: str
-
-
-def _block_kind(value: Any) -> str:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "text" if kind == "text" else "other"
-
-
 ContentBlock = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[OtherBlock, Tag("other")], Discriminator(_block_kind)
+    Annotated[TextBlock, Tag("text")] | Annotated[OtherType, Tag("other")],
+    Discriminator(type_tag({"text"}, tag="text")),
 ]
 
 
-class MessageParam(_Strict):
+class MessageParam(Strict):
     role: Literal["user", "assistant"]
     content: str | list[ContentBlock]
 
 
-class ToolParam(_Strict):
+class ToolParam(Strict):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,128}$")
     description: str | None = None
     input_schema: dict[str, Any]
@@ -62,26 +48,17 @@ class ToolParam(_Strict):
     strict: bool | None = None
 
 
-class OtherTool(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-
-
-def _tool_kind(value: Any) -> str:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "custom" if kind in (None, "custom") else "other"
-
-
 ToolUnion = Annotated[
-    Annotated[ToolParam, Tag("custom")] | Annotated[OtherTool, Tag("other")], Discriminator(_tool_kind)
+    Annotated[ToolParam, Tag("custom")] | Annotated[OtherType, Tag("other")],
+    Discriminator(type_tag({None, "custom"}, tag="custom")),
 ]
 
 
-class Metadata(_Strict):
+class Metadata(Strict):
     user_id: str | None = None
 
 
-class CountTokensRequest(_Strict):
+class CountTokensRequest(Strict):
     model: str = Field(min_length=1)
     messages: list[MessageParam] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
@@ -142,7 +119,7 @@ def to_chat(request: CountTokensRequest) -> Chat:
     _check_unsupported_features(request)
     tools: list[ToolDef] = []
     for i, tool in enumerate(request.tools or []):
-        if isinstance(tool, OtherTool):
+        if isinstance(tool, OtherType):
             raise InvalidRequestError(f"tools.{i}: tools of type {tool.type!r} are not supported", param=f"tools.{i}")
         function = {"name": tool.name, "description": tool.description or "", "parameters": tool.input_schema}
         tools.append(
@@ -171,7 +148,7 @@ def to_chat(request: CountTokensRequest) -> Chat:
             converted = []
             for j, block in enumerate(message.content):
                 where = f"messages.{i}.content.{j}"
-                if isinstance(block, OtherBlock):
+                if isinstance(block, OtherType):
                     raise _unsupported(where, block.type)
                 converted.append(_text_part(block, where))
             parts = tuple(converted)

@@ -9,31 +9,19 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
+from gateway.protocols.common import OtherType, Strict, type_tag
 
 RETENTION_TTL_S = {"in_memory": 300, "in-memory": 300, "24h": 86400}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TextPartParam(_Strict):
+class TextPartParam(Strict):
     type: Literal["text"]
     text: str
 
 
-class OtherPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: str
-
-
-def _part_kind(value: Any) -> str:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return "text" if kind == "text" else "other"
-
-
 ContentPart = Annotated[
-    Annotated[TextPartParam, Tag("text")] | Annotated[OtherPart, Tag("other")], Discriminator(_part_kind)
+    Annotated[TextPartParam, Tag("text")] | Annotated[OtherType, Tag("other")],
+    Discriminator(type_tag({"text"}, tag="text")),
 ]
 
 
@@ -46,24 +34,24 @@ class ChatMessageParam(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class FunctionDef(_Strict):
+class FunctionDef(Strict):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolParam(_Strict):
+class ToolParam(Strict):
     type: Literal["function"]
     function: FunctionDef
 
 
-class StreamOptions(_Strict):
+class StreamOptions(Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
 
 
-class ChatCompletionRequest(_Strict):
+class ChatCompletionRequest(Strict):
     model: str = Field(min_length=1)
     messages: list[ChatMessageParam] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
@@ -132,7 +120,7 @@ def _content_text(message: ChatMessageParam, index: int) -> str:
         return message.content
     texts = []
     for j, part in enumerate(message.content):
-        if isinstance(part, OtherPart):
+        if isinstance(part, OtherType):
             raise _refuse(f"messages.{index}.content.{j}", f"content parts of type {part.type!r} are not supported yet")
         texts.append(part.text)
     return "\n\n".join(texts)

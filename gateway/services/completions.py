@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from gateway.cache_regions import automatic_region, breakpoint_regions
 from gateway.errors import InvalidRequestError, ModelNotFoundError
-from gateway.generation import output_budget
-from gateway.prompt import RenderedPrompt
+from gateway.generation import Prepared, output_budget
 from gateway.protocols import anthropic, openai
 from gateway.state import Gateway
-from inference.types import CacheRegion, SamplingParams
+from inference.types import SamplingParams
 
 # Below this a temperature is greedy and a top_p keeps only the top token (vLLM's
 # epsilon); passing smaller values through would divide logits into inf/nan.
@@ -35,15 +32,6 @@ def sampling_params(
         seed=seed,
         stop=tuple(s for s in stop if s),
     )
-
-
-@dataclass(frozen=True)
-class Prepared:
-    model: str
-    prompt: RenderedPrompt
-    sampling: SamplingParams
-    regions: tuple[CacheRegion, ...]
-    client_salt: str | None
 
 
 def check_model(gw: Gateway, *, model: str) -> str:

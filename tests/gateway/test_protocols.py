@@ -106,6 +106,19 @@ def test_unsupported_blocks_and_features_get_clear_errors() -> None:
         message_request(unknown_field=1)
 
 
+@pytest.mark.parametrize("odd_type", [[], {}, 3, None, True])
+def test_blocks_and_tools_with_non_string_types_are_validation_errors(odd_type: Any) -> None:
+    for body in (
+        {"messages": [{"role": "user", "content": [{"type": odd_type, "text": "x"}]}]},
+        {"tools": [{"type": odd_type}]},
+    ):
+        try:
+            anthropic.to_chat(message_request(**body))
+        except (ValidationError, InvalidRequestError):
+            continue
+        assert odd_type is None  # a tool without a type is a custom tool, which needs a name
+
+
 def test_openai_translation_and_refusals() -> None:
     request = openai.ChatCompletionRequest.model_validate(
         {

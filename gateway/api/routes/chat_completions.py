@@ -9,7 +9,6 @@ from starlette.responses import Response
 
 from gateway.api.deps import ContextDep, GatewayDep
 from gateway.api.responses import json_response
-from gateway.errors import ApiError
 from gateway.generation import start_generation
 from gateway.protocols.openai import ChatCompletion, ChatCompletionRequest
 from gateway.protocols.openai_stream import chunk_events, completion_of
@@ -23,25 +22,11 @@ router = APIRouter(prefix="/v1/chat", tags=["openai"])
 async def create_chat_completion(body: ChatCompletionRequest, gw: GatewayDep, ctx: ContextDep) -> Response:
     prepared = prepare_chat_completion(gw, request=body)
     created = int(time.time())
-    gen = await start_generation(
-        gw,
-        ctx=ctx,
-        model=prepared.model,
-        endpoint="chat.completions",
-        prompt=prepared.prompt,
-        regions=prepared.regions,
-        sampling=prepared.sampling,
-        client_salt=prepared.client_salt,
-    )
-    headers = gen.rate_limit_headers
+    gen = await start_generation(gw, ctx=ctx, endpoint="chat.completions", prepared=prepared)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         events = chunk_events(gen, request_id=ctx.request_id, model=prepared.model, include_usage=include_usage)
-        return EventStreamResponse(events, headers=headers)
-    finished = await gen.complete()
-    if finished.status == "error":
-        raise ApiError(finished.output.error or "the engine failed while generating")
-    if finished.cost_usd is not None:
-        headers["kvgate-cost-usd"] = str(finished.cost_usd)
+        return EventStreamResponse(events, headers=gen.rate_limit_headers)
+    finished, headers = await gen.complete_or_raise()
     completion = completion_of(finished, request_id=ctx.request_id, model=prepared.model, created=created)
     return json_response(completion, headers=headers)

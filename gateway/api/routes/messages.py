@@ -7,7 +7,6 @@ from starlette.responses import Response
 
 from gateway.api.deps import ContextDep, GatewayDep
 from gateway.api.responses import json_response
-from gateway.errors import ApiError
 from gateway.generation import start_generation
 from gateway.protocols.anthropic import CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest
 from gateway.protocols.anthropic_stream import message_events, message_of
@@ -20,26 +19,11 @@ router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
 @router.post("", response_model=MessageResponse)
 async def create_message(body: MessagesRequest, gw: GatewayDep, ctx: ContextDep) -> Response:
     prepared = prepare_message(gw, request=body)
-    gen = await start_generation(
-        gw,
-        ctx=ctx,
-        model=prepared.model,
-        endpoint="messages",
-        prompt=prepared.prompt,
-        regions=prepared.regions,
-        sampling=prepared.sampling,
-        client_salt=prepared.client_salt,
-    )
-    headers = gen.rate_limit_headers
+    gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared)
     if body.stream:
-        return EventStreamResponse(
-            message_events(gen, request_id=ctx.request_id, model=prepared.model), headers=headers
-        )
-    finished = await gen.complete()
-    if finished.status == "error":
-        raise ApiError(finished.output.error or "the engine failed while generating")
-    if finished.cost_usd is not None:
-        headers["kvgate-cost-usd"] = str(finished.cost_usd)
+        events = message_events(gen, request_id=ctx.request_id, model=prepared.model)
+        return EventStreamResponse(events, headers=gen.rate_limit_headers)
+    finished, headers = await gen.complete_or_raise()
     return json_response(message_of(finished, request_id=ctx.request_id, model=prepared.model), headers=headers)
 
 
