@@ -27,7 +27,13 @@ class BillingSettings(BaseSettings):
     auto_finalize_invoices: bool = Field(
         True, description="Finalize drafts in the background once their month and grace period are over."
     )
-    invoice_number_prefix: str = Field("KVG", min_length=1, max_length=12, pattern=r"^[A-Z0-9]+$")
+    invoice_number_prefix: str = Field(
+        "KVG",
+        min_length=1,
+        max_length=12,
+        pattern=r"^[A-Z0-9]+$",
+        description="Finalized invoices are PREFIX-000001...",
+    )
     seller_name: str = Field("kvgate", description="Who the invoices are from.")
     reservation_timeout_s: float = Field(
         3600.0, gt=0, description="A reservation not settled by then (a crashed request) is released."
@@ -37,11 +43,13 @@ class BillingSettings(BaseSettings):
         description="Admit requests when the database cannot be reached to check budgets (usage is spooled).",
     )
     stripe_api_key: SecretStr | None = Field(
-        None, validation_alias=AliasChoices("STRIPE_API_KEY", "KVGATE_STRIPE_API_KEY")
+        None,
+        validation_alias=AliasChoices("STRIPE_API_KEY", "KVGATE_STRIPE_API_KEY"),
+        description="Set to sync customers and finalized invoices to Stripe.",
     )
     stripe_api_base: str | None = Field(None, description="Override Stripe's API address (localstripe in tests).")
     stripe_webhook_secret: SecretStr | None = Field(None, description="Endpoint secret for /webhooks/stripe.")
-    stripe_currency: str = Field("usd", pattern=r"^[a-z]{3}$")
+    stripe_currency: str = Field("usd", pattern=r"^[a-z]{3}$", description="Currency of Stripe invoice items.")
 
 
 @lru_cache

@@ -14,8 +14,8 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
 
     database_url: str = Field(DEFAULT_DATABASE_URL, description="sqlite:///path or postgresql://...")
-    host: str = "127.0.0.1"
-    port: int = Field(8080, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="Address `kvgate serve` listens on.")
+    port: int = Field(8080, ge=0, le=65535, description="Port `kvgate serve` listens on.")
     admin_token: SecretStr | None = Field(
         None, description="Bearer token for /admin/v1; generated once and stored hashed when unset."
     )
@@ -32,7 +32,7 @@ class GatewaySettings(BaseSettings):
         2.0, ge=0, description="How long an authenticated key is trusted without a database read; 0 disables."
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
 
 
 @lru_cache

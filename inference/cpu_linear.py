@@ -2,8 +2,9 @@
 
 A plain bf16 F.linear reorders its weight into oneDNN's blocked layout on every call;
 for the one-row matmuls of decode that reorder costs more than the matmul. Packing
-once at load time halves small-batch latency. The results are bit-identical to
-F.linear (tests/inference/test_cpu_linear.py), so cache hits stay exact.
+once at load time halves small-batch latency. Every row's result is independent of
+the other rows in the call (tests/inference/test_cpu_kernels.py), which keeps outputs
+exact under batching.
 """
 
 from __future__ import annotations
@@ -22,6 +23,14 @@ class PackedLinear(torch.nn.Module):
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.numel() == self.in_features:
+            # oneDNN takes a different path for a single row (its sums come out in another
+            # order); padding to two rows keeps every row on the path batches use.
+            padded = torch.cat([x.reshape(1, -1), x.new_zeros(1, self.in_features)])
+            return self._matmul(padded)[:1].reshape(*x.shape[:-1], self.out_features)
+        return self._matmul(x)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
 
 

@@ -177,6 +177,8 @@ class Engine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
         self.validate(prompt_token_ids, params, cache)
         prompt = list(prompt_token_ids)
+        if not self.settings.enable_prefix_caching:
+            cache = CacheSpec(regions=())  # no hashes and no commits: nothing to read or write
         ttls = commit_ttls(
             num_prompt_tokens=len(prompt),
             block_size=self.block_size,
@@ -190,7 +192,7 @@ class Engine:
             cache=cache,
             arrival_time=time.monotonic(),
             block_size=self.block_size,
-            block_hashes=self.hasher.hash_blocks(prompt, cache.salt),
+            block_hashes=self.hasher.hash_blocks(prompt, cache.salt) if self.settings.enable_prefix_caching else [],
             commit_ttls=ttls,
             split_points=split_points(
                 num_prompt_tokens=len(prompt), block_size=self.block_size, cache=cache, commit_blocks=len(ttls)

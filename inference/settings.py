@@ -19,7 +19,9 @@ class EngineSettings(BaseSettings):
         description="The bundled SmolLM2-135M-Instruct, or a path to a Hugging Face checkpoint directory.",
     )
     served_model_name: str | None = Field(None, description="Model id shown to clients; defaults to the model's name.")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "auto", description="auto: bfloat16 on CUDA and on CPUs with avx512_bf16/AMX, else float32."
+    )
     device: str = Field("auto", description="auto, cpu or cuda[:N].")
     cache_dir: Path = Field(Path.home() / ".cache" / "kvgate", description="Where converted models are kept.")
     num_threads: int | None = Field(None, description="torch intra-op threads; defaults to all cores.")
@@ -29,9 +31,10 @@ class EngineSettings(BaseSettings):
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
     kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")
-    block_size: int = Field(16, gt=0)
-    hash_algo: Literal["sha256", "xxhash128"] = "sha256"
-    default_ttl_s: int = Field(300, gt=0)
+    block_size: int = Field(16, gt=0, description="Tokens per KV block, the unit of caching.")
+    enable_prefix_caching: bool = Field(True, description="Off: nothing is read from or written to the cache.")
+    hash_algo: Literal["sha256", "xxhash128"] = Field("sha256", description="Block hash function.")
+    default_ttl_s: int = Field(300, gt=0, description="TTL of automatically cached blocks, in seconds.")
     max_model_len: int | None = Field(None, description="Context limit; defaults to the model's.")
     max_num_seqs: int = Field(64, gt=0, description="Most requests running at once.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Prefill token budget per engine step.")

@@ -90,11 +90,22 @@ def test_torch_sdpa_is_not_chunk_invariant_which_is_why_we_have_the_kernel():
     assert not torch.equal(first, whole[:, :, :700])
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_packed_linear_is_bit_identical_to_f_linear(bias):
+@pytest.mark.parametrize(("out_features", "in_features", "bias"), [(1536, 576, False), (576, 1536, True)])
+def test_packed_linear_rows_do_not_depend_on_the_batch(out_features, in_features, bias):
     torch.manual_seed(0)
-    linear = torch.nn.Linear(576, 1536, bias=bias).to(torch.bfloat16)
+    linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
     packed = PackedLinear(linear)
-    for rows in (1, 3, 16, 257, 2048):
-        x = torch.randn(1, rows, 576, dtype=torch.bfloat16)
-        assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+    x = torch.randn(1, 300, in_features, dtype=torch.bfloat16)
+    full = packed(x)
+    assert torch.equal(full, F.linear(x, linear.weight, linear.bias))
+    for start, rows in ((0, 1), (1, 1), (7, 1), (5, 3), (20, 16), (40, 257)):
+        assert torch.equal(packed(x[:, start : start + rows]), full[:, start : start + rows])
+
+
+def test_plain_f_linear_is_not_row_invariant_for_one_row():
+    """Why PackedLinear pads single rows: oneDNN's one-row path sums in another order."""
+    torch.manual_seed(0)
+    weight = torch.randn(576, 1536, dtype=torch.bfloat16)
+    x = torch.randn(64, 1536, dtype=torch.bfloat16)
+    full = F.linear(x, weight)
+    assert any(not torch.equal(F.linear(x[s : s + 1], weight), full[s : s + 1]) for s in range(64))

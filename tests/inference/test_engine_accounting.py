@@ -133,3 +133,14 @@ def test_usage_invariant_holds_under_a_random_workload(make_engine, tiny_llama_d
                 checked(out.finished)
     engine.pool.check_invariants()
     assert engine.pool.num_used == 0
+
+
+def test_with_prefix_caching_off_nothing_is_read_or_written(make_engine, tiny_llama_dir):
+    prompt = random_prompt(random.Random(10), 70)
+    off = make_engine(tiny_llama_dir, enable_prefix_caching=False)
+    on = make_engine(tiny_llama_dir)
+    for engine, expected in ((off, (0, 0)), (on, (64, 0))):
+        checked(engine.generate(prompt, GREEDY))
+        again = checked(engine.generate(prompt, GREEDY))
+        assert (again.usage.cached_tokens, again.usage.cache_write_tokens) == expected
+    assert off.generate(prompt, GREEDY).token_ids == on.generate(prompt, GREEDY).token_ids

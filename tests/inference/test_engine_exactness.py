@@ -99,6 +99,40 @@ def test_extending_a_cached_prompt_gives_the_cold_output(make_engine, tiny_llama
         assert warm.token_ids == cold.token_ids
 
 
+def test_extension_under_automatic_caching_and_batching_is_exact_in_bf16(make_engine, tiny_llama_dir):
+    """Batch invariance: no split points help here, the kernels alone make it exact."""
+    rng = random.Random(16)
+    engine = make_engine(tiny_llama_dir, dtype="bfloat16")
+    if engine.runner.cpu_kernel is None:
+        pytest.skip("needs the batch-invariant CPU attention kernel")
+    pairs = []
+    for _ in range(8):
+        base = random_prompt(rng, rng.randrange(40, 200))
+        pairs.append((base, base + random_prompt(rng, rng.randrange(20, 150))))
+    cold = [checked(make_engine(tiny_llama_dir, dtype="bfloat16").generate(longer, GREEDY_32)) for _, longer in pairs]
+    for base, _ in pairs:
+        checked(engine.generate(base, GREEDY_32))
+    for i, (_, longer) in enumerate(pairs):  # all at once: batched with each other
+        engine.add_request(f"x{i}", longer, GREEDY_32, CacheSpec())
+    warm = {}
+    while engine.has_unfinished():
+        warm.update({o.request_id: checked(o.finished) for o in engine.step() if o.finished})
+    for i, c in enumerate(cold):
+        assert warm[f"x{i}"].usage.cached_tokens > 0
+        assert warm[f"x{i}"].token_ids == c.token_ids
+
+
+def test_the_torch_fallback_is_exact_for_reruns_only(make_engine, tiny_llama_dir):
+    """Without our kernel, split points still make a rerun of the same prompt exact."""
+    engine = make_engine(tiny_llama_dir, dtype="bfloat16", attention_backend="torch")
+    assert engine.runner.cpu_kernel is None
+    rng = random.Random(17)
+    for _ in range(4):
+        prompt = random_prompt(rng, rng.randrange(40, 300))
+        cold = checked(engine.generate(prompt, GREEDY_32))
+        assert checked(engine.generate(prompt, GREEDY_32)).token_ids == cold.token_ids
+
+
 # -- the real model, bf16 --------------------------------------------------------------------
 
 

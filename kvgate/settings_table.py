@@ -1,0 +1,57 @@
+"""Every KVGATE_* setting as a Markdown table, from the settings classes themselves (README.md embeds it)."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+from pydantic.fields import FieldInfo
+
+from kvgate import REPO_ROOT
+
+SETTINGS_CLASSES = (
+    ("inference.settings", "EngineSettings", "engine"),
+    ("gateway.settings", "GatewaySettings", "gateway"),
+    ("billing.settings", "BillingSettings", "billing"),
+)
+START, END = "<!-- settings:start -->", "<!-- settings:end -->"
+
+
+def _env_name(name: str, field: FieldInfo, prefix: str) -> str:
+    alias = field.validation_alias
+    choices = getattr(alias, "choices", None)
+    if choices:
+        return " / ".join(f"`{c}`" for c in choices)
+    return f"`{prefix}{name.upper()}`"
+
+
+def _default(field: FieldInfo) -> str:
+    value: Any = field.get_default(call_default_factory=True)
+    if value is None:
+        return "unset"
+    if hasattr(value, "get_secret_value"):
+        return "unset"
+    text = str(value)
+    return f"`{text}`" if text else '`""`'
+
+
+def settings_table() -> str:
+    rows = ["| setting | part | default | what it does |", "|---|---|---|---|"]
+    for module, cls_name, part in SETTINGS_CLASSES:
+        cls = getattr(importlib.import_module(module), cls_name)
+        prefix = cls.model_config.get("env_prefix", "")
+        for name, field in cls.model_fields.items():
+            default = _default(field)
+            default = default.replace(str(REPO_ROOT) + "/", "").replace(str(Path.home()), "~")
+            description = (field.description or "").replace("|", "\\|")
+            rows.append(f"| {_env_name(name, field, prefix)} | {part} | {default} | {description} |")
+    return "\n".join(rows)
+
+
+def readme_block() -> str:
+    return f"{START}\n{settings_table()}\n{END}"
+
+
+if __name__ == "__main__":
+    print(readme_block())
