@@ -139,8 +139,17 @@ def load_model(settings: EngineSettings) -> LoadedModel:
         dtype=dtype,
         device=device,
         eos_token_ids=_eos_token_ids(path, model, tokenizer, GenerationConfig),
-        max_model_len=settings.max_model_len or int(model.config.max_position_embeddings),
+        max_model_len=_max_model_len(settings, model.config),
     )
+
+
+def _max_model_len(settings: EngineSettings, config: Any) -> int:
+    """The context limit. Sliding-window attention is not implemented, so a window caps it."""
+    limit = int(config.max_position_embeddings)
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    if window:
+        limit = min(limit, int(window))
+    return min(limit, settings.max_model_len) if settings.max_model_len else limit
 
 
 def _eos_token_ids(path: Path, model: Any, tokenizer: Any, generation_config_cls: Any) -> tuple[int, ...]:

@@ -20,6 +20,11 @@ def tiny_qwen2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_mistral_dir() -> Path:
+    return build_tiny_model("mistral")
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """The real SmolLM2-135M-Instruct, converted from the bundled GGUF on first use."""
     from inference.model_loader import resolve_model_dir

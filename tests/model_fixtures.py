@@ -40,8 +40,16 @@ def test_models_root() -> Path:
 
 
 def build_tiny_model(kind: str) -> Path:
-    """A tiny random model of the given family ("llama" or "qwen2"), seeded so every build is identical."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    """A tiny random model of the given family (llama, qwen2, mistral), seeded so every build is identical."""
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     root = test_models_root()
     out = root / f"tiny-{kind}-{TINY_VERSION}"
@@ -57,6 +65,8 @@ def build_tiny_model(kind: str) -> Path:
                 model = LlamaForCausalLM(LlamaConfig(**TINY_COMMON))
             elif kind == "qwen2":
                 model = Qwen2ForCausalLM(Qwen2Config(**TINY_COMMON, rope_theta=1_000_000.0))
+            elif kind == "mistral":
+                model = MistralForCausalLM(MistralConfig(**TINY_COMMON, sliding_window=None))
             else:
                 raise ValueError(kind)
             model.save_pretrained(tmp)

@@ -39,7 +39,7 @@ def reference_logits(model_dir: Path, prompt: list[int]) -> torch.Tensor:
         return model(torch.tensor([prompt])).logits[0, -1].float()
 
 
-@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("model_fixture", ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_mistral_dir"])
 def test_first_token_logits_with_a_prefix_hit_match_a_cold_run(make_engine, request, model_fixture):
     model_dir = request.getfixturevalue(model_fixture)
     rng = random.Random(11)
