@@ -150,12 +150,22 @@ def test_smollm2_bf16_warm_equals_cold_over_20_random_prompts(smollm2):
     assert smollm2.dtype == torch.bfloat16 or not torch.cuda.is_available()
     engine = smollm2_engine(smollm2)
     rng = random.Random(14)
-    for _ in range(20):
-        prompt = random_prompt(rng, rng.randrange(20, 300))
+    prompts = [random_prompt(rng, rng.randrange(20, 300)) for _ in range(20)]
+    colds = []
+    for prompt in prompts:
         cold = checked(engine.generate(prompt, GREEDY_32))
         warm = checked(engine.generate(prompt, GREEDY_32))
         assert warm.usage.cached_tokens == (len(prompt) - 1) // 16 * 16
         assert warm.token_ids == cold.token_ids
+        colds.append(cold.token_ids)
+    # All 20 again, batched together: still each request's own cold output.
+    for i, prompt in enumerate(prompts):
+        engine.add_request(f"batched-{i}", prompt, GREEDY_32, CacheSpec())
+    batched = {}
+    while engine.has_unfinished():
+        batched.update({o.request_id: checked(o.finished).token_ids for o in engine.step() if o.finished})
+    if engine.runner.cpu_kernel is not None:
+        assert [batched[f"batched-{i}"] for i in range(20)] == colds
 
 
 @pytest.mark.smollm2
