@@ -179,7 +179,8 @@ static void tile_bf16(const AttnArgs *a, WorkItem w, RowState *st) {
     const int64_t stride = KVH * D;
     const __m512 scale = _mm512_set1_ps(a->scale);
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    uint32_t qp[MAX_VECS][64];           /* query pairs, broadcast one at a time */
+    uint32_t qp[MAX_VECS][64]; /* query pairs, broadcast one at a time */
+    float scores[MAX_VECS][16] __attribute__((aligned(64)));
     uint32_t kt[64][16] __attribute__((aligned(64)));
     __m512i vp[8][8];
 
@@ -209,17 +210,31 @@ static void tile_bf16(const AttnArgs *a, WorkItem w, RowState *st) {
                 vp[kp][j] = _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
             }
         }
+        /* q.k for 8 vectors at a time: each k pair is loaded once for all 8, and 8 independent
+         * accumulators hide the instruction's latency. Each vector's sum runs over dp in order. */
+        int64_t v0 = 0;
+        for (; v0 + 8 <= nvec; v0 += 8) {
+            __m512 acc8[8];
+            for (int u = 0; u < 8; u++) acc8[u] = _mm512_setzero_ps();
+            for (int64_t dp = 0; dp < NP; dp++) {
+                const __m512bh k2 = (__m512bh)_mm512_load_si512(kt[dp]);
+                for (int u = 0; u < 8; u++)
+                    acc8[u] = _mm512_dpbf16_ps(acc8[u], (__m512bh)_mm512_set1_epi32((int)qp[v0 + u][dp]), k2);
+            }
+            for (int u = 0; u < 8; u++) _mm512_store_ps(scores[v0 + u], acc8[u]);
+        }
+        for (; v0 < nvec; v0++) { /* the same sums, one vector at a time */
+            __m512 acc1 = _mm512_setzero_ps();
+            for (int64_t dp = 0; dp < NP; dp++)
+                acc1 = _mm512_dpbf16_ps(acc1, (__m512bh)_mm512_set1_epi32((int)qp[v0][dp]),
+                                        (__m512bh)_mm512_load_si512(kt[dp]));
+            _mm512_store_ps(scores[v0], acc1);
+        }
         for (int64_t v = 0; v < nvec; v++) {
             const int64_t pos = a->row_pos[w.r0 + v / G];
             if (b * 16 > pos) continue;
             const int64_t valid = (b + 1) * 16 <= pos + 1 ? 16 : pos + 1 - b * 16;
-            /* Four independent chains hide vdpbf16ps latency; their order is fixed. */
-            __m512 d4[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-            for (int64_t dp = 0; dp < NP; dp += 4)
-                for (int64_t u = 0; u < 4; u++)
-                    d4[u] = _mm512_dpbf16_ps(d4[u], (__m512bh)_mm512_set1_epi32((int)qp[v][dp + u]),
-                                             (__m512bh)_mm512_load_si512(kt[dp + u]));
-            const __m512 dots = _mm512_add_ps(_mm512_add_ps(d4[0], d4[1]), _mm512_add_ps(d4[2], d4[3]));
+            const __m512 dots = _mm512_load_ps(scores[v]);
             const __mmask16 live = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32((int)valid));
             const __m512 s = _mm512_mask_blend_ps(live, _mm512_set1_ps(-INFINITY), _mm512_mul_ps(dots, scale));
             RowState *rs = &st[v];
