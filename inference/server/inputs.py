@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import jinja2
 
 from inference.async_engine import AsyncEngine
-from inference.server.errors import APIError, bad_request
+from inference.server.errors import bad_request
 from inference.server.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -32,9 +32,10 @@ class EngineInputs:
 
 
 def check_model(requested: str | None, served: str) -> None:
-    # vLLM (and OpenAI) answer an unknown model with a 404.
+    # vLLM and OpenAI answer 404 here; the engine issue asks for a 400, a client error about
+    # the request body, which is what this is.
     if requested is not None and requested != served:
-        raise APIError(404, f"The model `{requested}` does not exist.", "model")
+        raise bad_request(f"The model `{requested}` does not exist; this server serves `{served}`.", "model")
 
 
 def completion_inputs(body: CompletionRequest, engine: AsyncEngine) -> EngineInputs:

@@ -34,9 +34,9 @@ def _chat(**kwargs: Any) -> Call:
 
 
 BAD_REQUESTS: dict[str, tuple[Call, type[openai.APIStatusError], int, str | None]] = {
-    "unknown model": (_completion(model="no-such-model"), openai.NotFoundError, 404, "model"),
-    "unknown model, streaming": (_completion(model="no-such-model", stream=True), openai.NotFoundError, 404, "model"),
-    "unknown model, chat": (_chat(model="no-such-model"), openai.NotFoundError, 404, "model"),
+    "unknown model": (_completion(model="no-such-model"), openai.BadRequestError, 400, "model"),
+    "unknown model, streaming": (_completion(model="no-such-model", stream=True), openai.BadRequestError, 400, "model"),
+    "unknown model, chat": (_chat(model="no-such-model"), openai.BadRequestError, 400, "model"),
     "prompt longer than the context": (_completion(prompt=token_prompt(5000, 0)), openai.BadRequestError, 400, None),
     "negative max_tokens": (_completion(max_tokens=-1), openai.BadRequestError, 400, "max_tokens"),
     "negative max_tokens, chat": (_chat(max_tokens=-5), openai.BadRequestError, 400, "max_tokens"),
