@@ -16,6 +16,7 @@ blocks can never wedge the pool.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 
 from inference.hashing import BlockHash
@@ -26,6 +27,7 @@ class KVBlock:
         "block_hash",
         "block_id",
         "expires_at",
+        "free_seq",
         "last_used",
         "next_free",
         "prev_free",
@@ -43,6 +45,7 @@ class KVBlock:
         self.ttl_s = 0
         self.expires_at = 0.0
         self.last_used = 0.0
+        self.free_seq = 0  # release order: compares recency across queues even when the clock stands still
         self.prev_free: KVBlock | None = None
         self.next_free: KVBlock | None = None
         self.queue: FreeBlockQueue | None = None
@@ -126,6 +129,7 @@ class BlockPool:
         self.by_ttl: dict[int, FreeBlockQueue] = {}
         self.on_evict = on_evict
         self.num_evictions = 0
+        self._free_seq = itertools.count(1)
         self.num_expired_evictions = 0
         # Kept by hand so other threads (metrics) can read it without walking the queues.
         self._num_free = num_blocks
@@ -215,6 +219,7 @@ class BlockPool:
             if block.ref_count == 0:
                 block.last_used = now
                 block.expires_at = now + block.ttl_s
+                block.free_seq = next(self._free_seq)
                 self._requeue(block)
                 self._num_free += 1
 
@@ -243,7 +248,7 @@ class BlockPool:
         if self.num_pinned_free <= self.max_pinned_free:
             unpinned = [b for b in heads if b.ttl_s < self.pin_min_ttl_s]
             heads = unpinned or heads
-        return min(heads, key=lambda b: b.last_used)
+        return min(heads, key=lambda b: b.free_seq)
 
     @property
     def num_pinned_free(self) -> int:

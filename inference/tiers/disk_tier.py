@@ -100,6 +100,10 @@ class DiskTier:
                 return None
             return entry if entry.token_ids == tuple(token_ids) else None
 
+    def __contains__(self, block_hash: BlockHash) -> bool:
+        with self._mutex:
+            return block_hash in self.index
+
     def refresh(self, entry: TierEntry) -> bool:
         """If the block is stored already, refresh its entry from entry (TTL, expiry, recency): True."""
         with self._mutex:
