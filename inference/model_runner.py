@@ -30,6 +30,9 @@ class Chunk:
         return self.start + len(self.token_ids)
 
 
+RESCORE = 8  # top logits recomputed in float32 per sampled row
+
+
 class ModelRunner:
     def __init__(self, model: torch.nn.Module, kv: KVTensors, cpu_kernel: CpuPagedAttention | None = None) -> None:
         self.model = model
@@ -37,6 +40,8 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.cpu_kernel = cpu_kernel
         _use_paged_attention(model)
+        # Kept unpacked: the rescoring of the top logits below reads rows of it.
+        self.lm_weight = _lm_head_weight(model)
         pack_linears(model)
 
     @torch.inference_mode()
@@ -72,7 +77,28 @@ class ModelRunner:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         # Only the rows that sample go through the LM head: it is the widest matmul of the model.
         rows = hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)]
-        return self.model.lm_head(rows).float()
+        return self._logits(rows)
+
+    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """float32 logits. In bf16/fp16 the LM head rounds its outputs to a step of ~0.1 at
+        typical magnitudes, so near-ties between the top tokens are decided by rounding; the
+        RESCORE top candidates are recomputed in float32 from the same inputs (row by row,
+        so batching cannot change them), and greedy picks by those exact scores."""
+        logits = self.model.lm_head(rows).float()
+        if rows.dtype == torch.float32 or self.lm_weight is None:
+            return logits
+        k = min(RESCORE, logits.shape[-1])
+        top = logits.topk(k, dim=-1).indices
+        exact = (rows.float().unsqueeze(1) * self.lm_weight[top].float()).sum(-1)
+        bias = getattr(self.model.lm_head, "bias", None)
+        if bias is not None:
+            exact += bias[top].float()
+        return logits.scatter_(1, top, exact)
+
+
+def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
+    weight = getattr(model.lm_head, "weight", None)
+    return weight.detach() if isinstance(weight, torch.Tensor) else None
 
 
 def _row_layout(chunks: Sequence[Chunk], positions: list[int]) -> RowLayout:
