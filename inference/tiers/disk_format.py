@@ -9,8 +9,12 @@ and a checksum of its own:
     | ttl_s u32 | block_size u32 | last_used f64 | expires_at f64 | payload length u64
     | payload xxh3-64 u64 | token ids u32 * block_size | header xxh3-64 u64
 
-Writes go: clear the header, write the payload, write the header. A record torn
-anywhere along the way fails the header or the payload checksum, so it never loads.
+A record is written whole, header page and payload, in one page-aligned write
+(O_DIRECT where the filesystem allows, so the CPU does not copy it into the page
+cache). A crash can leave any mix of the old and the new record's pages; every mix
+but all-old (the old block, intact) or all-new fails the header or the payload
+checksum, so a torn record never loads. Payloads are verified on every load; headers
+when the index is rebuilt.
 """
 
 from __future__ import annotations

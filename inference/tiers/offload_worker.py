@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -28,15 +26,15 @@ class WriteJob:
 class OffloadWorker:
     """Drains write jobs in order; flush() waits for all submitted ones.
 
-    The thread runs at a lower CPU priority (Linux nice applies per thread), so on a
-    machine whose cores the model's kernels keep busy, checksumming and writing yield
-    to decode steps instead of slowing them.
+    The thread keeps the default CPU priority on purpose. Niced, it was starved by
+    the model's spinning OpenMP threads while holding the GIL, and the engine thread
+    then waited on the GIL: evictions and decode steps ran ten times slower. Its work
+    is mostly pwrite and xxh3, which hold the GIL only briefly.
     """
 
-    def __init__(self, disk: DiskTier, staging: StagingPool, *, nice: int = 10) -> None:
+    def __init__(self, disk: DiskTier, staging: StagingPool) -> None:
         self.disk = disk
         self.staging = staging
-        self.nice = nice
         self.num_failed = 0
         self._jobs: queue.Queue[WriteJob | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="kvgate-offload", daemon=True)
@@ -60,15 +58,13 @@ class OffloadWorker:
             self._thread.join()
 
     def _run(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
         while True:
             job = self._jobs.get()
             try:
                 if job is None:
                     return
                 wait(job.fence)
-                self.disk.write(job.entry, self.staging.raw(job.buffer))
+                self.disk.write(job.entry, self.staging.record(job.buffer))
             except Exception:  # a failed write loses one cached block, never the worker
                 self.num_failed += 1
                 log.exception("kv_offload_write_failed")

@@ -70,7 +70,13 @@ class TierManager:
         self.worker: OffloadWorker | None = None
         if disk is not None:
             pin = cache.device.type == "cuda"
-            self.staging = StagingPool(self.layout, staging_blocks, pin_memory=pin)
+            self.staging = StagingPool(
+                self.layout,
+                staging_blocks,
+                record_size=disk.record_size,
+                payload_offset=disk.payload_offset,
+                pin_memory=pin,
+            )
             self.worker = OffloadWorker(disk, self.staging)
             self._read_buffer = torch.empty(self.layout.nbytes, dtype=torch.uint8, pin_memory=pin)
 
@@ -190,7 +196,10 @@ class TierManager:
         """
         assert len(hits) == len(block_ids)
         bad: list[TierEntry] = []
-        for hit, block_id in zip(hits, block_ids, strict=True):
+        # Disk blocks in file order: a prefix evicted tail-first sits in descending slots,
+        # and reading it backwards would defeat the kernel's readahead.
+        moves = sorted(zip(hits, block_ids, strict=True), key=lambda m: (m[0].tier == "disk", m[0].entry.slot))
+        for hit, block_id in moves:
             if bad:
                 break
             dest = device_block(self.cache, block_id)

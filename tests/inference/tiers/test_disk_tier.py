@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 from inference.clock import ManualClock
-from inference.tiers.disk_format import header_size
+from inference.tiers.disk_format import PAGE
 from inference.tiers.disk_tier import DiskTier, DiskTierLockedError
 from inference.tiers.layout import BlockLayout
 from inference.tiers.lru_index import TierEntry
@@ -21,6 +20,15 @@ T0 = 1_000_000.0
 
 def block_bytes(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, LAYOUT.nbytes, dtype=np.uint8)
+
+
+def put(tier: DiskTier, entry: TierEntry, payload: np.ndarray) -> np.ndarray:
+    """Write a block as the offload worker does: from a page-aligned record buffer. Returns the record."""
+    raw = np.zeros(tier.record_size + PAGE, dtype=np.uint8)
+    record = raw[-raw.ctypes.data % PAGE :][: tier.record_size]
+    record[tier.payload_offset : tier.payload_offset + LAYOUT.nbytes] = payload
+    tier.write(entry, record)
+    return record
 
 
 def meta(i: int, *, ttl: int = 300, last_used: float = T0) -> TierEntry:
@@ -51,7 +59,7 @@ def read(tier: DiskTier, i: int) -> np.ndarray | None:
 def test_blocks_round_trip_and_the_index_is_rebuilt_after_a_restart(tmp_path):
     tier = open_tier(tmp_path, segment_bytes=2 * 8192)  # 2 records a segment
     for i in range(5):
-        tier.write(meta(i, last_used=T0 + i), block_bytes(i))
+        put(tier, meta(i, last_used=T0 + i), block_bytes(i))
     assert np.array_equal(read(tier, 3), block_bytes(3))
     assert read(tier, 7) is None
     tier.close()
@@ -76,8 +84,8 @@ def test_one_engine_per_directory(tmp_path):
 
 def test_a_flipped_payload_byte_fails_its_checksum_and_the_block_is_dropped(tmp_path):
     tier = open_tier(tmp_path)
-    tier.write(meta(0), block_bytes(0))
-    tier.write(meta(1), block_bytes(1))
+    put(tier, meta(0), block_bytes(0))
+    put(tier, meta(1), block_bytes(1))
     entry = tier.index.get(b"h001")
     path, offset = tier.dir / "seg-000000.kvs", entry.slot * tier.record_size + 4096 + 100
     with open(path, "r+b") as f:
@@ -97,7 +105,7 @@ def test_a_flipped_payload_byte_fails_its_checksum_and_the_block_is_dropped(tmp_
 def test_a_damaged_header_is_not_indexed_at_start_up(tmp_path):
     tier = open_tier(tmp_path)
     for i in range(3):
-        tier.write(meta(i), block_bytes(i))
+        put(tier, meta(i), block_bytes(i))
     slot = tier.index.get(b"h002").slot
     tier.close()
     with open(tier.dir / "seg-000000.kvs", "r+b") as f:
@@ -108,37 +116,39 @@ def test_a_damaged_header_is_not_indexed_at_start_up(tmp_path):
     again.close()
 
 
-@pytest.mark.parametrize("torn_at", ["after_clear", "after_payload"])
-def test_a_write_torn_by_a_crash_never_loads(tmp_path, torn_at):
-    """Overwrite slot 0 in place and stop part-way: neither the old nor a mixed block may load."""
+@pytest.mark.parametrize("landed", ["none", "header", "payload", "header and half the payload", "all"])
+def test_a_record_torn_by_a_crash_never_loads_wrong_data(tmp_path, landed):
+    """Overwrite slot 0 in place and crash with only some of the new record's pages on disk."""
     tier = open_tier(tmp_path, capacity=1)
-    tier.write(meta(0), block_bytes(0))
-    fd, offset = tier._locate(0)
-    os.pwrite(fd, bytes(header_size(16)), offset)  # step 1: the header is cleared
-    if torn_at == "after_payload":
-        os.pwrite(fd, block_bytes(9).tobytes(), offset + 4096)  # step 2: the new payload; no header yet
+    old = put(tier, meta(0), block_bytes(0)).copy()
+    tier.index.remove(tier.index.get(b"h000"))  # make room without touching the file
+    tier._free_slots.append(0)
+    new = put(tier, meta(1), block_bytes(1)).copy()
     tier.close()
+    half = tier.payload_offset + LAYOUT.nbytes // 2
+    torn = {
+        "none": old,
+        "header": np.concatenate([new[:PAGE], old[PAGE:]]),
+        "payload": np.concatenate([old[:PAGE], new[PAGE:]]),
+        "header and half the payload": np.concatenate([new[:half], old[half:]]),
+        "all": new,
+    }[landed]
+    (tier.dir / "seg-000000.kvs").write_bytes(torn.tobytes())
     again = open_tier(tmp_path, capacity=1)
-    assert len(again) == 0
+    got = {i: read(again, i) for i in (0, 1)}
     again.close()
-
-
-def test_a_stale_header_over_a_new_payload_fails_its_checksum(tmp_path):
-    """The other torn order (the OS wrote the payload but not the cleared header): caught on load."""
-    tier = open_tier(tmp_path, capacity=1)
-    tier.write(meta(0), block_bytes(0))
-    fd, offset = tier._locate(0)
-    os.pwrite(fd, block_bytes(9).tobytes(), offset + 4096)
-    tier.close()
-    again = open_tier(tmp_path, capacity=1)
-    assert len(again) == 1 and read(again, 0) is None and again.stats.checksum_failures == 1
-    again.close()
+    if landed == "none":
+        assert np.array_equal(got[0], block_bytes(0)) and got[1] is None
+    elif landed == "all":
+        assert np.array_equal(got[1], block_bytes(1)) and got[0] is None
+    else:  # a mix: nothing loads
+        assert got == {0: None, 1: None}
 
 
 def test_capacity_holds_and_the_lru_entry_is_overwritten(tmp_path):
     tier = open_tier(tmp_path, capacity=4)
     for i in range(10):
-        tier.write(meta(i), block_bytes(i))
+        put(tier, meta(i), block_bytes(i))
         assert len(tier) <= 4
     assert {e.block_hash for e in tier.index} == {b"h006", b"h007", b"h008", b"h009"}
     assert tier.stats.evictions == 6
@@ -150,13 +160,13 @@ def test_capacity_holds_and_the_lru_entry_is_overwritten(tmp_path):
 
 def test_a_locked_entry_is_not_overwritten_and_a_full_locked_tier_drops_the_store(tmp_path):
     tier = open_tier(tmp_path, capacity=1)
-    tier.write(meta(0), block_bytes(0))
+    put(tier, meta(0), block_bytes(0))
     entry = tier.index.get(b"h000")
     assert tier.lock([entry])
-    tier.write(meta(1), block_bytes(1))
+    put(tier, meta(1), block_bytes(1))
     assert tier.stats.dropped_stores == 1 and b"h001" not in tier
     tier.unlock([entry])
-    tier.write(meta(1), block_bytes(1))
+    put(tier, meta(1), block_bytes(1))
     assert b"h001" in tier and b"h000" not in tier
     tier.close()
 
@@ -164,11 +174,11 @@ def test_a_locked_entry_is_not_overwritten_and_a_full_locked_tier_drops_the_stor
 def test_expired_records_are_purged_at_start_up_and_expired_entries_never_hit(tmp_path):
     clock = ManualClock(T0)
     tier = open_tier(tmp_path, clock=clock)
-    tier.write(meta(0, ttl=300), block_bytes(0))
-    tier.write(meta(1, ttl=3600), block_bytes(1))
+    put(tier, meta(0, ttl=300), block_bytes(0))
+    put(tier, meta(1, ttl=3600), block_bytes(1))
     clock.advance(301)
     assert read(tier, 0) is None and read(tier, 1) is not None
-    tier.write(meta(2, ttl=300), block_bytes(2))  # expires at T0 + 300 as well
+    put(tier, meta(2, ttl=300), block_bytes(2))  # expires at T0 + 300 as well
     tier.close()
     again = open_tier(tmp_path, clock=clock)
     assert again.num_purged_at_start == 1 and {e.block_hash for e in again.index} == {b"h001"}
@@ -177,7 +187,7 @@ def test_expired_records_are_purged_at_start_up_and_expired_entries_never_hit(tm
 
 def test_other_layouts_live_in_other_directories(tmp_path):
     tier = open_tier(tmp_path)
-    tier.write(meta(0), block_bytes(0))
+    put(tier, meta(0), block_bytes(0))
     tier.close()
     bf16 = DiskTier(
         tmp_path, BlockLayout(LAYOUT.shape, torch.bfloat16), 8, clock=ManualClock(T0), pin_min_ttl_s=3600, pin_share=0.5
@@ -189,7 +199,7 @@ def test_other_layouts_live_in_other_directories(tmp_path):
 def test_a_smaller_capacity_drops_the_records_beyond_it(tmp_path):
     tier = open_tier(tmp_path, capacity=8, segment_bytes=2 * 8192)
     for i in range(8):
-        tier.write(meta(i), block_bytes(i))
+        put(tier, meta(i), block_bytes(i))
     tier.close()
     small = open_tier(tmp_path, capacity=3, segment_bytes=2 * 8192)
     assert len(small) <= 3 and len(list(small.dir.glob("seg-*.kvs"))) == 2
