@@ -34,6 +34,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/engine.py
+	$(VENV)/bin/python bench/tiers.py
+	$(VENV)/bin/python bench/gateway.py --write-docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info

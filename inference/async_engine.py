@@ -38,7 +38,11 @@ class RequestHandle:
 
     cancel() stops generation, frees the request's blocks (keeping what it committed);
     result() then returns finish_reason "cancelled" with the usage up to that point.
+    prompt_usage is the prompt's cache accounting, set once the first token is out
+    (before the first delta is delivered), so a stream can report it up front.
     """
+
+    prompt_usage: Usage | None = None
 
     def __init__(self, request_id: str, engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
         self.request_id = request_id
@@ -65,6 +69,8 @@ class RequestHandle:
             self._engine._abort(self.request_id)
 
     def _push(self, out: StepOutput) -> None:
+        if out.prompt_usage is not None:
+            self.prompt_usage = out.prompt_usage
         if out.token_ids or out.text:
             self._queue.put_nowait(TokenDelta(out.token_ids, out.text))
         if out.finished is not None and not self._result.done():

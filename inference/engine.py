@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,6 +45,9 @@ class StepOutput:
     token_ids: tuple[int, ...]
     text: str
     finished: RequestOutput | None = None
+    # With the first token: the prompt's cache counts, final from then on (every
+    # committable prompt block is committed before the first token is sampled).
+    prompt_usage: Usage | None = None
 
 
 @dataclass(eq=False)
@@ -157,9 +161,9 @@ class Engine:
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
         if params.max_tokens < 1:
             raise InvalidRequestError("max_tokens must be at least 1")
-        if params.temperature < 0:
-            raise InvalidRequestError("temperature must be >= 0")
-        if not 0 < params.top_p <= 1:
+        if not math.isfinite(params.temperature) or params.temperature < 0:
+            raise InvalidRequestError("temperature must be a finite number >= 0")
+        if not 0 < params.top_p <= 1:  # also refuses NaN
             raise InvalidRequestError("top_p must be in (0, 1]")
         if params.top_k < 0:
             raise InvalidRequestError("top_k must be >= 0")
@@ -276,7 +280,8 @@ class Engine:
             reason = "length"
         if reason is not None:
             return self._finish(tracked, reason, new_token=token)
-        return StepOutput(request.request_id, (token,), detok.take_delta(final=False))
+        first = self._usage(request) if len(request.output_token_ids) == 1 else None
+        return StepOutput(request.request_id, (token,), detok.take_delta(final=False), prompt_usage=first)
 
     def _finish(
         self,
@@ -305,7 +310,8 @@ class Engine:
             error=error,
         )
         new_tokens = () if new_token is None else (new_token,)
-        return StepOutput(request.request_id, new_tokens, delta, finished=output)
+        first = output.usage if len(request.output_token_ids) == 1 and new_token is not None else None
+        return StepOutput(request.request_id, new_tokens, delta, finished=output, prompt_usage=first)
 
     @staticmethod
     def _usage(request: Request) -> Usage:

@@ -8,10 +8,17 @@ import torch
 
 from inference.types import SamplingParams
 
+# Below this temperature sampling is greedy (as in vLLM): dividing logits by it overflows.
+SAMPLING_EPS = 1e-5
+
+
+def is_greedy(params: SamplingParams) -> bool:
+    return params.temperature < SAMPLING_EPS
+
 
 def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
     """A per-request generator: seeded requests repeat exactly; greedy ones need none."""
-    if params.temperature == 0:
+    if is_greedy(params):
         return None
     generator = torch.Generator(device=device)
     if params.seed is None:
@@ -44,9 +51,12 @@ def sample(
     greedy = logits.argmax(dim=-1).tolist()
     out = []
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if p.temperature == 0:
+        if is_greedy(p):
             out.append(greedy[row])
             continue
         probs = torch.softmax(filter_logits(logits[row], p), dim=-1)
+        if not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+            out.append(greedy[row])  # degenerate parameters must not fail the whole batch
+            continue
         out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
     return out

@@ -79,3 +79,17 @@ async def test_bad_requests_fail_at_submit_and_a_full_queue_fails_fast(engine):
     results = await asyncio.gather(*(h.result() for h in handles))
     assert {r.finish_reason for r in results} <= {"cancelled", "length"}
     assert (await engine.generate([5, 6, 7], GREEDY)).usage.completion_tokens == 24
+
+
+async def test_prompt_usage_is_known_with_the_first_token(engine):
+    prompt = random_prompt(random.Random(45), 70)
+    await engine.generate(prompt, GREEDY)
+    handle = engine.submit(prompt, GREEDY, CacheSpec())
+    assert handle.prompt_usage is None
+    async for _ in handle:
+        assert handle.prompt_usage is not None
+        break
+    out = await handle.result()
+    early = handle.prompt_usage
+    assert (early.cached_tokens, early.cache_write_tokens) == (out.usage.cached_tokens, out.usage.cache_write_tokens)
+    assert early.cached_tokens == 64

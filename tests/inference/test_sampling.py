@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from inference.detokenizer import IncrementalDetokenizer
 from inference.sampler import filter_logits
-from inference.types import CacheSpec, SamplingParams
+from inference.types import CacheSpec, InvalidRequestError, SamplingParams
 from tests.inference.helpers import random_prompt
 
 PROMPT = random_prompt(random.Random(31), 40)
@@ -93,3 +94,19 @@ def test_stop_string_through_the_engine(tiny_engine):
     out = tiny_engine.generate(PROMPT, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop=(stop,)))
     assert out.finish_reason == "stop" and out.stop_sequence == stop
     assert out.text == free.text[: free.text.index(stop)]
+
+
+def test_degenerate_sampling_values_are_greedy_and_harm_no_one(tiny_engine):
+    greedy = tiny_engine.generate(PROMPT, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)).token_ids
+    for params in (
+        SamplingParams(max_tokens=8, temperature=1e-300, ignore_eos=True),
+        SamplingParams(max_tokens=8, temperature=1.0, top_p=1e-300, ignore_eos=True, seed=1),
+    ):
+        tiny_engine.add_request(
+            "bystander", PROMPT, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True), CacheSpec()
+        )
+        assert tiny_engine.generate(PROMPT, params).token_ids == greedy
+        while tiny_engine.has_unfinished():
+            tiny_engine.step()
+    with pytest.raises(InvalidRequestError, match="temperature"):
+        tiny_engine.add_request("nan", PROMPT, SamplingParams(temperature=float("nan")), CacheSpec())
