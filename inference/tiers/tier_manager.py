@@ -30,6 +30,7 @@ from inference.block_pool import KVBlock
 from inference.clock import Clock
 from inference.hashing import BlockHash
 from inference.settings import EngineSettings
+from inference.tiers.disk_format import record_size
 from inference.tiers.disk_tier import DiskTier
 from inference.tiers.host_tier import HostTier
 from inference.tiers.layout import BlockLayout, device_block
@@ -89,8 +90,8 @@ class TierManager:
         if host_blocks is None:
             host_blocks = int(settings.kv_host_gib * 2**30) // layout.nbytes
         disk_blocks = settings.kv_disk_blocks
-        if disk_blocks is None:
-            disk_blocks = int(settings.kv_disk_gib * 2**30) // layout.nbytes
+        if disk_blocks is None:  # a record is the block plus its header page: the limit counts both
+            disk_blocks = int(settings.kv_disk_gib * 2**30) // record_size(layout.block_size, layout.nbytes)
         host = None
         if host_blocks > 0:
             host = HostTier(layout, host_blocks, pin_memory=cache.device.type == "cuda", **pinning)
@@ -199,6 +200,8 @@ class TierManager:
         # Disk blocks in file order: a prefix evicted tail-first sits in descending slots,
         # and reading it backwards would defeat the kernel's readahead.
         moves = sorted(zip(hits, block_ids, strict=True), key=lambda m: (m[0].tier == "disk", m[0].entry.slot))
+        if self.disk is not None:
+            self.disk.prefetch([h.entry for h, _ in moves if h.tier == "disk"])
         for hit, block_id in moves:
             if bad:
                 break

@@ -65,3 +65,16 @@ def test_expired_blocks_are_never_written_down(tiered, tiny_llama_dir):
     # Paired positive: live blocks evicted the same way are stored.
     live = pressure(engine, 8)
     assert engine.tiers.host.stats.stores == 8 and not any(location(engine, h) for h in live[:0])
+
+
+def test_sizes_in_gib_are_limits_on_the_bytes_each_tier_holds(tiered, tiny_llama_dir, tmp_path):
+    gib = 2**-14  # 64 KiB: 4 host blocks of 16 KiB; 3 disk records of 16 KiB + a 4 KiB header page
+    engine = tiered(
+        tiny_llama_dir, device=16, kv_host_blocks=None, kv_host_gib=gib, kv_disk_dir=tmp_path, kv_disk_gib=gib
+    )
+    tiers = engine.tiers
+    assert tiers.host.capacity * tiers.layout.nbytes <= gib * 2**30 < (tiers.host.capacity + 1) * tiers.layout.nbytes
+    assert (
+        tiers.disk.capacity * tiers.disk.record_size <= gib * 2**30 < (tiers.disk.capacity + 1) * tiers.disk.record_size
+    )
+    assert (tiers.host.capacity, tiers.disk.capacity) == (4, 3)
