@@ -8,7 +8,6 @@ the ledger's triggers forbid deleting rows.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -22,42 +21,19 @@ from billing import catalog
 from billing.pricebook import PriceBook
 from billing.prices import PriceSpec, load_price_file
 from gateway.models import ApiKey, Tenant
-from kvgate.db import create_engine, migrate, session_factory
-
-PG_ADMIN_DSN = os.environ.get("KVGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
-PG_URL_BASE = os.environ.get("KVGATE_TEST_PG_URL", "postgresql://postgres@127.0.0.1:5432")
+from kvgate.db import migrate, open_database
+from tests.gateway.harness import free_port, pg_reachable, postgres_database
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def _pg_admin():  # type: ignore[no-untyped-def]
-    import psycopg
-
-    return psycopg.connect(PG_ADMIN_DSN, connect_timeout=3, autocommit=True)
-
-
-def pg_reachable() -> bool:
-    try:
-        _pg_admin().close()
-    except Exception:
-        return False
-    return True
 
 
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     if not pg_reachable():
         pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
-    name = f"kvgate_billing_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with _pg_admin() as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = f"{PG_URL_BASE}/{name}"
+    with postgres_database(prefix="kvgate_billing_test") as url:
         migrate(url)
         yield url
-    finally:
-        with _pg_admin() as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture(scope="session")
@@ -75,11 +51,8 @@ def db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 async def sessions(db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = create_engine(db_url)
-    try:
-        yield session_factory(engine)
-    finally:
-        await engine.dispose()
+    async with open_database(db_url) as factory:
+        yield factory
 
 
 @pytest.fixture(scope="session")
@@ -117,14 +90,6 @@ async def make_tenant(sessions: async_sessionmaker[AsyncSession], *, keys: int =
     return tenant_id, key_ids
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def localstripe_url() -> Iterator[str]:
     """localstripe (with tests/billing/localstripe_server.py's two additions) on a free loopback port."""
@@ -136,7 +101,7 @@ def localstripe_url() -> Iterator[str]:
 
     from kvgate import REPO_ROOT
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.billing.localstripe_server", "--port", str(port)],
         cwd=REPO_ROOT,

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import AsyncIterator, Sequence
 from decimal import Decimal
+from typing import Any
 
 import anthropic
 import httpx
@@ -24,8 +26,8 @@ from billing.models import LedgerEntry
 from billing.tokens import TokenCounts
 from gateway.models import UsageRecord
 from kvgate.db import create_engine, session_factory
-from tests.billing.gateway_server import BillingGateway
 from tests.billing.tcp_proxy import CuttableProxy
+from tests.gateway.harness import GatewayServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -40,13 +42,65 @@ def expected_cost(c: TokenCounts) -> Decimal:
     return (P_IN * equiv + P_OUT * c.output) / 1_000_000
 
 
+class Gate:
+    """Holds admitted requests before their results while closed (it starts open)."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+        self.open.set()
+        self._lock = threading.Lock()
+        self.held = 0
+
+    async def pass_(self) -> None:
+        if self.open.is_set():
+            return
+        with self._lock:
+            self.held += 1
+        try:
+            while not self.open.is_set():
+                await asyncio.sleep(0.01)
+        finally:
+            with self._lock:
+                self.held -= 1
+
+
+class GatedHandle:
+    def __init__(self, inner: Any, gate: Gate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._inner.__aiter__()
+
+    async def result(self) -> Any:
+        await self._gate.pass_()
+        return await self._inner.result()
+
+
+class GatedEngine:
+    """The engine with every result behind a gate, so requests can be held in flight."""
+
+    def __init__(self, inner: Any, gate: Gate) -> None:
+        self._inner = inner
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def submit(self, prompt_token_ids: Sequence[int], params: Any, cache: Any, request_id: str | None = None) -> Any:
+        return GatedHandle(self._inner.submit(prompt_token_ids, params, cache, request_id=request_id), self._gate)
+
+
 @pytest.fixture(scope="module")
 def server(db_url, tiny_llama_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KVGATE_SPOOL_PATH", str(tmp_path_factory.mktemp("spool") / "spool.jsonl"))
         # The database is shared with other billing tests, whose drafts must stay drafts.
         mp.setenv("KVGATE_AUTO_FINALIZE_INVOICES", "false")
-        gw = BillingGateway(model_dir=tiny_llama_dir, database_url=db_url).start()
+        gw = GatewayServer(model_dir=tiny_llama_dir, database_url=db_url, discover_billing=True).start()
     try:
         yield gw
     finally:
@@ -102,7 +156,8 @@ async def wait_for_entries(sessions, tenant: str, n: int, timeout_s: float = 30)
 
 
 async def test_costs_in_responses_and_ledger_equals_engine_counts(server, sessions):
-    tenant, _, key = server.new_key()
+    key = server.new_key()
+    tenant = key.tenant_id
     claude, gpt = server.anthropic(key), server.openai(key)
     seen: list[tuple[TokenCounts, Decimal]] = []
     system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
@@ -177,7 +232,8 @@ async def test_costs_in_responses_and_ledger_equals_engine_counts(server, sessio
 
 
 async def test_exhausted_budget_is_refused_before_the_engine_runs(server, sessions):
-    tenant, _, key = server.new_key()
+    key = server.new_key()
+    tenant = key.tenant_id
     async with sessions() as session:
         await budgets.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10**6)  # one micro-dollar
         await session.commit()
@@ -226,15 +282,23 @@ async def test_database_taken_away_under_live_requests(postgres_url, tiny_llama_
     monkeypatch.setenv("KVGATE_SPOOL_REPLAY_INTERVAL_S", "0.2")
     monkeypatch.setenv("KVGATE_AUTO_FINALIZE_INVOICES", "false")
     proxied = url.set(port=proxy.port).render_as_string(hide_password=False)
-    gw = await asyncio.to_thread(lambda: BillingGateway(model_dir=tiny_llama_dir, database_url=proxied).start())
+    gate = Gate()
+    gw = GatewayServer(
+        model_dir=tiny_llama_dir,
+        database_url=proxied,
+        discover_billing=True,
+        wrap_engine=lambda engine: GatedEngine(engine, gate),
+    )
+    await asyncio.to_thread(gw.start)
     direct = create_engine(db_url)
     sessions = session_factory(direct)
     try:
         # The proxy runs on this event loop: blocking calls go to threads, or nothing is forwarded.
-        tenant, _, key = await asyncio.to_thread(gw.new_key)
+        key = await asyncio.to_thread(gw.new_key)
+        tenant = key.tenant_id
         claude = gw.anthropic(key)
         n = 6
-        gw.gate.open.clear()  # requests will be admitted, then held before their results
+        gate.open.clear()  # requests will be admitted, then held before their results
         results: list = [None] * n
 
         def call(i: int) -> None:
@@ -247,11 +311,11 @@ async def test_database_taken_away_under_live_requests(postgres_url, tiny_llama_
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while gw.gate.held < n:
+        while gate.held < n:
             assert time.monotonic() < deadline, "requests were not admitted"
             await asyncio.sleep(0.02)
         proxy.cut()  # the database goes away with every request in flight
-        gw.gate.open.set()
+        gate.open.set()
         for t in threads:
             await asyncio.to_thread(t.join, 60)
         assert all(r is not None for r in results), "every request still answered"
@@ -278,7 +342,7 @@ async def test_database_taken_away_under_live_requests(postgres_url, tiny_llama_
             )
         assert records == n and sources == ["spool"]
     finally:
-        gw.gate.open.set()
+        gate.open.set()
         await asyncio.to_thread(gw.stop)
         await direct.dispose()
         await proxy.stop()

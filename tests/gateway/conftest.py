@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from kvgate.db import create_engine, migrate, session_factory
+from kvgate.db import migrate, open_database
 from tests.gateway.harness import GatewayServer, pg_reachable, postgres_database
 
 
@@ -39,11 +39,8 @@ def gw_db_url(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 async def gw_sessions(gw_db_url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    engine = create_engine(gw_db_url)
-    try:
-        yield session_factory(engine)
-    finally:
-        await engine.dispose()
+    async with open_database(gw_db_url) as factory:
+        yield factory
 
 
 @pytest.fixture(scope="session")

@@ -116,8 +116,13 @@ class GatewayServer:
         database_url: str,
         engine_overrides: dict[str, Any] | None = None,
         billing: Any = None,
+        discover_billing: bool = False,
+        wrap_engine: Callable[[Any], Any] | None = None,
         **settings: Any,
     ) -> None:
+        """`billing`: the hooks to use (a ScriptedBilling by default); `discover_billing`: none, so the
+        app finds billing's real hooks as `kvgate serve` does; `wrap_engine`: applied to the engine the
+        app builds (for tests that need to hold requests in flight)."""
         self.database_url = database_url
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -133,11 +138,12 @@ class GatewayServer:
             **{"min_cacheable_tokens": 64, **settings},
         )
         # Billing's own hooks are tested by billing; here the seam gets a scripted one unless a test passes one.
-        self.billing = billing if billing is not None else ScriptedBilling()
+        self._billing = None if discover_billing else billing if billing is not None else ScriptedBilling()
+        wrap = wrap_engine or (lambda engine: engine)
         self.app = create_app(
             self.settings,
-            engine_factory=lambda: AsyncEngine.from_settings(engine_settings, clock=self.clock),
-            billing=self.billing,
+            engine_factory=lambda: wrap(AsyncEngine.from_settings(engine_settings, clock=self.clock)),
+            billing=self._billing,
         )
         self._server = uvicorn.Server(
             uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
@@ -168,6 +174,11 @@ class GatewayServer:
     @property
     def gateway(self) -> Any:
         return self.app.state.gateway
+
+    @property
+    def billing(self) -> Any:
+        """The billing hooks: the ones passed in, or (discovered) the running app's."""
+        return self._billing if self._billing is not None else self.gateway.billing
 
     # -- helpers for tests ------------------------------------------------------------------
 
