@@ -8,7 +8,7 @@ from datetime import date, datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import budgets
-from billing.ledger import UsageCharge, record_usage, reverse_usage
+from billing.ledger import RecordResult, UsageCharge, record_usage, reverse_usage
 from billing.models import LedgerEntry
 from billing.prices import PriceVersion
 
@@ -20,6 +20,26 @@ class Settlement:
     cost_pico: int
     billing_month: date
     released_pico: int
+
+    @classmethod
+    def of(cls, result: RecordResult, *, released_pico: int) -> Settlement:
+        return cls(
+            inserted=result.inserted,
+            entry_id=result.entry_id,
+            cost_pico=result.cost_pico,
+            billing_month=result.billing_month,
+            released_pico=released_pico,
+        )
+
+
+async def _add_spend(session: AsyncSession, result: RecordResult, *, tenant_id: str, api_key_id: str | None) -> None:
+    await budgets.add_spend(
+        session=session,
+        tenant_id=tenant_id,
+        api_key_id=api_key_id,
+        billing_month=result.billing_month,
+        cost_pico=result.cost_pico,
+    )
 
 
 async def settle_charge(
@@ -38,20 +58,8 @@ async def settle_charge(
     result = await record_usage(session=session, charge=charge, version=version, source=source, now=now)
     released = await budgets.release(session=session, request_id=charge.request_id)
     if result.inserted:
-        await budgets.add_spend(
-            session=session,
-            tenant_id=charge.tenant_id,
-            api_key_id=charge.api_key_id,
-            billing_month=result.billing_month,
-            cost_pico=result.cost_pico,
-        )
-    return Settlement(
-        inserted=result.inserted,
-        entry_id=result.entry_id,
-        cost_pico=result.cost_pico,
-        billing_month=result.billing_month,
-        released_pico=released,
-    )
+        await _add_spend(session, result, tenant_id=charge.tenant_id, api_key_id=charge.api_key_id)
+    return Settlement.of(result, released_pico=released)
 
 
 async def reverse_charge(
@@ -62,17 +70,5 @@ async def reverse_charge(
     if result.inserted:
         entry = await session.get(LedgerEntry, result.entry_id)
         assert entry is not None
-        await budgets.add_spend(
-            session=session,
-            tenant_id=entry.tenant_id,
-            api_key_id=entry.api_key_id,
-            billing_month=result.billing_month,
-            cost_pico=result.cost_pico,
-        )
-    return Settlement(
-        inserted=result.inserted,
-        entry_id=result.entry_id,
-        cost_pico=result.cost_pico,
-        billing_month=result.billing_month,
-        released_pico=0,
-    )
+        await _add_spend(session, result, tenant_id=entry.tenant_id, api_key_id=entry.api_key_id)
+    return Settlement.of(result, released_pico=0)
