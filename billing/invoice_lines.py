@@ -45,14 +45,11 @@ class InvoiceLine:
         return f"{self.model} — {CATEGORY_LABELS[self.category]}"
 
 
-@dataclass(frozen=True)
-class InvoiceComputation:
-    lines: tuple[InvoiceLine, ...]
-    requests: int
+class CacheSavings:
+    """What the prompt cache saved: the uncached price less the total, in cents and in percent (to 0.1)."""
+
     total_cents: int
-    exact_total_pico: int
     uncached_cents: int
-    """The same usage priced with no prompt cache, rounded per model and version like the lines."""
 
     @property
     def savings_cents(self) -> int:
@@ -63,6 +60,16 @@ class InvoiceComputation:
         if self.uncached_cents <= 0:
             return Decimal(0)
         return (Decimal(100) * self.savings_cents / self.uncached_cents).quantize(Decimal("0.1"))
+
+
+@dataclass(frozen=True)
+class InvoiceComputation(CacheSavings):
+    lines: tuple[InvoiceLine, ...]
+    requests: int
+    total_cents: int
+    exact_total_pico: int
+    uncached_cents: int
+    """The same usage priced with no prompt cache, rounded per model and version like the lines."""
 
 
 def compute_invoice(*, aggregates: Iterable[UsageAggregate], versions: dict[int, PriceVersion]) -> InvoiceComputation:

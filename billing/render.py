@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
-from decimal import Decimal
 
 import jinja2
 from fpdf import FPDF
 from fpdf.fonts import FontFace
 
-from billing.invoice_lines import InvoiceLine
+from billing.invoice_lines import CacheSavings, InvoiceLine
 from billing.money import format_usd
 from billing.tokens import CATEGORY_LABELS
 
@@ -24,7 +23,7 @@ class CreditNoteSummary:
 
 
 @dataclass(frozen=True)
-class InvoiceDocument:
+class InvoiceDocument(CacheSavings):
     invoice_id: int
     number: str | None
     status: str
@@ -43,16 +42,6 @@ class InvoiceDocument:
     @property
     def title(self) -> str:
         return f"Invoice {self.number}" if self.number else f"Draft invoice #{self.invoice_id}"
-
-    @property
-    def savings_cents(self) -> int:
-        return self.uncached_cents - self.total_cents
-
-    @property
-    def savings_percent(self) -> Decimal:
-        if self.uncached_cents <= 0:
-            return Decimal(0)
-        return (Decimal(100) * self.savings_cents / self.uncached_cents).quantize(Decimal("0.1"))
 
     @property
     def credited_cents(self) -> int:
