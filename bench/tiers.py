@@ -270,7 +270,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-", dir=args.disk_dir) as tmp:
         t = bench_ttft(loaded, args.prefix, args.reps, Path(tmp) / "ttft")
         d = bench_decode(loaded, args.streams, args.new_tokens, args.reps, Path(tmp) / "decode")
-    lines = report(t, d, args, loaded, load)
+    lines = report(t, d, args, loaded, (load[0], os.getloadavg()[0]))
     print("\n".join(lines))
     if not args.no_write:
         write_section("tiers", "KV tiers (bench/tiers.py)", lines)
@@ -295,8 +295,9 @@ def report(t: dict, d: dict, args: argparse.Namespace, loaded: LoadedModel, load
     base = rates["no tiers"]
     lines = [
         f"Machine: {machine_description()}; Python {platform.python_version()}, torch {torch.__version__}; "
-        f"{loaded.model_id} in {loaded.dtype}, {torch.get_num_threads()} threads. Load average at start "
-        f"{load[0]:.2f} (the 2 cores are shared with other work, so timings vary run to run). "
+        f"{loaded.model_id} in {loaded.dtype}, {torch.get_num_threads()} threads. Load average "
+        f"{load[0]:.2f} at the start, {load[1]:.2f} at the end (the cores are shared with other work, so "
+        "timings vary from run to run). "
         f"Medians of {args.reps} runs.",
         "",
         f"TTFT of a {args.prefix}-token prompt whose prefix ({t['prefix_mb']:.0f} MB of KV) is cached in each tier:",

@@ -46,10 +46,14 @@ class EngineSettings(BaseSettings):
     kv_disk_gib: float = Field(16.0, gt=0, description="Disk KV tier size.")
     kv_host_blocks: int | None = Field(None, ge=0, description="Host tier size in blocks; overrides kv_host_gib.")
     kv_disk_blocks: int | None = Field(None, ge=0, description="Disk tier size in blocks; overrides kv_disk_gib.")
-    kv_pin_min_ttl_s: int = Field(3600, gt=0, description="Blocks with at least this TTL are soft-pinned.")
+    kv_pin_min_ttl_s: int = Field(3600, gt=0, description="Blocks with at least this TTL (1h regions) are soft-pinned.")
     kv_pin_share: float = Field(
-        0.5, ge=0, le=1, description="Most share of each tier that pinned blocks are kept in preference to others."
+        0.5,
+        ge=0,
+        le=1,
+        description="Soft pinning: the most share of the device pool, and of each tier, in which pinned blocks "
+        "are kept in preference to others. 0 turns pinning off.",
     )
     kv_offload_staging_mib: float = Field(
-        64.0, gt=0, description="Host buffers for blocks on their way to disk; when full, evictions wait."
+        64.0, gt=0, description="Host buffers for blocks on their way to disk; when all are in flight, evictions wait."
     )
