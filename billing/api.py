@@ -20,7 +20,7 @@ from billing import budgets, catalog, credit_notes, invoices, stripe_sync, webho
 from billing.csv_export import UsageRow, iter_csv
 from billing.hooks import GatewayBilling
 from billing.invoice_lines import InvoiceComputation
-from billing.ledger import LedgerError
+from billing.ledger import LedgerError, token_values
 from billing.money import MoneyError, format_usd_exact, usd_to_cents, usd_to_pico
 from billing.periods import parse_month
 from billing.prices import PriceError, PriceSpec, PriceVersion
@@ -500,12 +500,7 @@ async def usage_summary(
             SummaryOut(
                 key=r.key,
                 requests=r.requests,
-                input_tokens=r.counts.input,
-                cache_write_5m_tokens=r.counts.cache_write_5m,
-                cache_write_1h_tokens=r.counts.cache_write_1h,
-                cache_write_24h_tokens=r.counts.cache_write_24h,
-                cache_read_tokens=r.counts.cache_read,
-                output_tokens=r.counts.output,
+                **token_values(r.counts),
                 cost_usd=format_usd_exact(r.cost_pico),
                 uncached_cost_usd=format_usd_exact(r.uncached_cost_pico),
             )

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.catalog import to_version
 from billing.invoice_lines import InvoiceComputation, InvoiceLine, UsageAggregate, compute_invoice
+from billing.ledger import TOKEN_COLUMNS
 from billing.models import CreditNote, Invoice, InvoiceLineRow, LedgerEntry, PriceVersionRow
 from billing.numbering import next_number
 from billing.periods import finalizable_at, month_bounds, month_start
@@ -58,17 +59,9 @@ class InvoiceView:
 
 async def usage_aggregates(*, session: AsyncSession, tenant_id: str, month: date) -> list[UsageAggregate]:
     """Token sums per model and price version of a tenant's entries billed in `month`."""
-    columns = (
-        LedgerEntry.input_tokens,
-        LedgerEntry.cache_write_5m_tokens,
-        LedgerEntry.cache_write_1h_tokens,
-        LedgerEntry.cache_write_24h_tokens,
-        LedgerEntry.cache_read_tokens,
-        LedgerEntry.output_tokens,
-    )
     net_requests = func.sum(case((LedgerEntry.kind == "reversal", -1), else_=1))
     rows = await session.execute(
-        select(LedgerEntry.model, LedgerEntry.price_version_id, net_requests, *(func.sum(c) for c in columns))
+        select(LedgerEntry.model, LedgerEntry.price_version_id, net_requests, *(func.sum(c) for c in TOKEN_COLUMNS))
         .where(LedgerEntry.tenant_id == tenant_id, LedgerEntry.billing_month == month)
         .group_by(LedgerEntry.model, LedgerEntry.price_version_id)
     )

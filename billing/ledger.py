@@ -23,6 +23,16 @@ from kvgate.db import insert_ignore, utcnow
 KIND_USAGE = "usage"
 KIND_REVERSAL = "reversal"
 
+# The entry's token columns in TokenCounts' field order, so their sums make TokenCounts(*sums).
+TOKEN_COLUMNS = (
+    LedgerEntry.input_tokens,
+    LedgerEntry.cache_write_5m_tokens,
+    LedgerEntry.cache_write_1h_tokens,
+    LedgerEntry.cache_write_24h_tokens,
+    LedgerEntry.cache_read_tokens,
+    LedgerEntry.output_tokens,
+)
+
 DUPLICATES = Counter(
     "kvgate_billing_duplicate_usage_total",
     "Usage records whose request id was already in the ledger",
@@ -131,7 +141,7 @@ async def record_usage(
         "recorded_at": now,
         "billing_month": billing_month,
         "price_version_id": version.id,
-        **_token_columns(counts),
+        **token_values(counts),
         "cost_pico": version.cost_pico(counts),
         "uncached_cost_pico": version.uncached_cost_pico(counts),
         "ttft_ms": charge.ttft_ms,
@@ -175,7 +185,7 @@ async def reverse_usage(
         "recorded_at": now,
         "billing_month": billing_month,
         "price_version_id": original.price_version_id,
-        **_token_columns(counts),
+        **token_values(counts),
         "cost_pico": -original.cost_pico,
         "uncached_cost_pico": -original.uncached_cost_pico,
         "ttft_ms": None,
@@ -200,7 +210,8 @@ def entry_counts(entry: LedgerEntry) -> TokenCounts:
     )
 
 
-def _token_columns(counts: TokenCounts) -> dict[str, int]:
+def token_values(counts: TokenCounts) -> dict[str, int]:
+    """The counts as the entry's token column values (the names the usage API shows too)."""
     return {
         "input_tokens": counts.input,
         "cache_write_5m_tokens": counts.cache_write_5m,

@@ -11,6 +11,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.csv_export import UsageRow
+from billing.ledger import TOKEN_COLUMNS
 from billing.models import LedgerEntry
 from billing.tokens import TokenCounts
 
@@ -102,17 +103,7 @@ async def summarize(*, session: AsyncSession, where: UsageFilter, group_by: Grou
     if group_by not in GROUP_BYS:
         raise UsageQueryError(f"group_by must be one of {', '.join(GROUP_BYS)}")
     key = {"day": _day(session), "model": LedgerEntry.model, "key": LedgerEntry.api_key_id}[group_by].label("key")
-    sums = [
-        func.sum(column)
-        for column in (
-            LedgerEntry.input_tokens,
-            LedgerEntry.cache_write_5m_tokens,
-            LedgerEntry.cache_write_1h_tokens,
-            LedgerEntry.cache_write_24h_tokens,
-            LedgerEntry.cache_read_tokens,
-            LedgerEntry.output_tokens,
-        )
-    ]
+    sums = [func.sum(column) for column in TOKEN_COLUMNS]
     query = (
         where.apply(
             select(
