@@ -127,15 +127,8 @@ class UsageOut(BaseModel):
 
     @classmethod
     def of(cls, row: UsageRow) -> UsageOut:
-        values = {k: getattr(row, k) for k in cls.model_fields if hasattr(row, k)}
-        return cls(
-            **{
-                **values,
-                "billing_month": row.billing_month.strftime("%Y-%m"),
-                "cost_usd": format_usd_exact(row.cost_pico),
-                "uncached_cost_usd": format_usd_exact(row.uncached_cost_pico),
-            }
-        )
+        values = row.shown()
+        return cls(**{k: values[k] for k in cls.model_fields})
 
 
 class UsageList(BaseModel):

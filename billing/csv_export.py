@@ -5,8 +5,9 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import date, datetime
+from typing import Any
 
 from billing.money import format_usd_exact
 
@@ -60,14 +61,17 @@ class UsageRow:
     ttft_ms: int | None
     latency_ms: int | None
 
-    def csv_values(self) -> list[str]:
-        values = {
-            **{c: getattr(self, c) for c in CSV_COLUMNS if hasattr(self, c)},
-            "started_at": self.started_at.isoformat(),
+    def shown(self) -> dict[str, Any]:
+        """Every field, plus the month as YYYY-MM and the amounts as exact USD (cost_usd, uncached_cost_usd)."""
+        return {
+            **{f.name: getattr(self, f.name) for f in fields(self)},
             "billing_month": self.billing_month.strftime("%Y-%m"),
             "cost_usd": format_usd_exact(self.cost_pico),
             "uncached_cost_usd": format_usd_exact(self.uncached_cost_pico),
         }
+
+    def csv_values(self) -> list[str]:
+        values = {**self.shown(), "started_at": self.started_at.isoformat()}
         return ["" if values[c] is None else str(values[c]) for c in CSV_COLUMNS]
 
 
