@@ -34,13 +34,15 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.report import machine_description, write_section
+
+REPO = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "bench-admin"
 SYSTEM = "You are the assistant of a hardware store. Answer briefly and precisely. " * 14
 QUESTION = "Do you sell galvanised wood screws?"
-MARK_START, MARK_END = "<!-- gateway:start -->", "<!-- gateway:end -->"
+TITLE = "Gateway"
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -217,18 +219,6 @@ def default_model() -> str:
     return str(build_tiny_model("llama"))
 
 
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} cores, {cpu}, Python {platform.python_version()}, no GPU"
-
-
 def load_average() -> str:
     try:
         return Path("/proc/loadavg").read_text().split()[0]
@@ -236,7 +226,8 @@ def load_average() -> str:
         return "?"
 
 
-def run(args: argparse.Namespace) -> str:
+def run(args: argparse.Namespace) -> list[str]:
+    """The section's lines (between its title and end marker)."""
     model = args.model or default_model()
     load_before = load_average()
     n = args.requests
@@ -268,48 +259,30 @@ def run(args: argparse.Namespace) -> str:
         row("gateway alone: instant engine, sequential", alone),
         row("gateway alone: instant engine, 32 concurrent", loaded),
     ]
-    return "\n".join(
-        [
-            MARK_START,
-            "## Gateway",
-            "",
-            f"`.venv/bin/python bench/gateway.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on {machine()}",
-            f"(shared with other work: 1-minute load average {loads}).",
-            "Gateway in one uvicorn process (uvloop, httptools) with a SQLite database, as `make run` sets it up:",
-            "key authentication (cached 2 s), rendering and tokenization, a usage-record INSERT per request (group",
-            "commit), the canonical log line; the bench key has no rate limits and billing is the no-op seam. The",
-            f"httpx client runs in a second process on the same two cores. {n} sequential requests per row after",
-            "5 warm-up requests; the prompt is a ~200-token system block with a 5m breakpoint plus a question,",
-            "served from the cache. The added latency row is the difference of the two rows' percentiles.",
-            "",
-            *rows,
-            "",
-            f"**Requests/s at concurrency 32, instant engine: {rps:.0f}** ({args.throughput_requests} requests).",
-            f"The gateway process used {cpu_ms:.2f} ms of CPU per request; the client and the other work on the",
-            "machine took the rest of the two cores, so this is a floor: by its CPU time, the gateway alone on one",
-            f"free core would serve about {1000 / cpu_ms:.0f} requests/s. The concurrent p99 is queueing behind",
-            "32 in-flight requests on a saturated CPU, not a per-request cost.",
-            "",
-            "Where the time goes (profiled): tokenizing the rendered prompt (~0.4 ms for 220 tokens with SmolLM2's",
-            "tokenizer) and rendering it twice to place the breakpoint, the usage-record write, FastAPI/pydantic",
-            "request handling and HTTP. For reference, LiteLLM publishes 2-12 ms median proxy overhead at ~1k RPS",
-            "on several 4-vCPU instances.",
-            MARK_END,
-        ]
-    )
-
-
-def write_docs(section: str) -> None:
-    path = REPO / "docs" / "benchmarks.md"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    if MARK_START in text and MARK_END in text:
-        head, rest = text.split(MARK_START, 1)
-        tail = rest.split(MARK_END, 1)[1]
-        text = head + section + tail
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    machine = f"{machine_description()}, Python {platform.python_version()}, no GPU"
+    return [
+        f"`.venv/bin/python bench/gateway.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on {machine}",
+        f"(shared with other work: 1-minute load average {loads}).",
+        "Gateway in one uvicorn process (uvloop, httptools) with a SQLite database, as `make run` sets it up:",
+        "key authentication (cached 2 s), rendering and tokenization, a usage-record INSERT per request (group",
+        "commit), the canonical log line; the bench key has no rate limits and billing is the no-op seam. The",
+        f"httpx client runs in a second process on the same two cores. {n} sequential requests per row after",
+        "5 warm-up requests; the prompt is a ~200-token system block with a 5m breakpoint plus a question,",
+        "served from the cache. The added latency row is the difference of the two rows' percentiles.",
+        "",
+        *rows,
+        "",
+        f"**Requests/s at concurrency 32, instant engine: {rps:.0f}** ({args.throughput_requests} requests).",
+        f"The gateway process used {cpu_ms:.2f} ms of CPU per request; the client and the other work on the",
+        "machine took the rest of the two cores, so this is a floor: by its CPU time, the gateway alone on one",
+        f"free core would serve about {1000 / cpu_ms:.0f} requests/s. The concurrent p99 is queueing behind",
+        "32 in-flight requests on a saturated CPU, not a per-request cost.",
+        "",
+        "Where the time goes (profiled): tokenizing the rendered prompt (~0.4 ms for 220 tokens with SmolLM2's",
+        "tokenizer) and rendering it twice to place the breakpoint, the usage-record write, FastAPI/pydantic",
+        "request handling and HTTP. For reference, LiteLLM publishes 2-12 ms median proxy overhead at ~1k RPS",
+        "on several 4-vCPU instances.",
+    ]
 
 
 def main() -> None:
@@ -328,10 +301,10 @@ def main() -> None:
     if args.command == "serve":
         serve(args)
         return
-    section = run(args)
-    print(section)
+    lines = run(args)
+    print("\n".join([f"## {TITLE}", "", *lines]))
     if args.write_docs:
-        write_docs(section)
+        write_section("gateway", TITLE, lines)
 
 
 if __name__ == "__main__":
