@@ -10,7 +10,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import dialect_for, render_error
-from gateway.errors import ApiError, GatewayError, RequestTooLargeError
+from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTooLargeError
 from gateway.logs import log_failure
 from kvgate.db import utcnow
 
@@ -19,6 +19,20 @@ log = structlog.get_logger("kvgate.request")
 
 class _BodyTooLarge(Exception):
     pass
+
+
+class _NulByte(Exception):
+    pass
+
+
+# PostgreSQL text cannot hold NUL, so a NUL reaching a query is a database error (a 500).
+# It is refused up front in paths and query strings, and in admin bodies (JSON \u0000),
+# where strings are stored; API bodies may carry it in prompt text, which is never stored.
+_JSON_NUL = b"\\u0000"
+
+
+def _has_nul(scope: Scope) -> bool:
+    return "\x00" in scope["path"] or b"%00" in scope.get("query_string", b"").lower()
 
 
 def new_request_id() -> str:
@@ -53,20 +67,30 @@ class RequestContextMiddleware:
             await send(message)
 
         received = 0
+        check_nul = path.startswith("/admin/")
+        tail = b""
+        nul = False
 
         async def limited_receive() -> Message:
-            nonlocal received, too_large
+            nonlocal received, too_large, tail, nul
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                body = message.get("body", b"")
+                received += len(body)
                 if received > self.max_body_bytes:
                     too_large = True
                     raise _BodyTooLarge
+                if check_nul:
+                    window = tail + body
+                    if _JSON_NUL in window.lower() or b"\x00" in body:
+                        nul = True
+                        raise _NulByte
+                    tail = window[-(len(_JSON_NUL) - 1) :]
             return message
 
         async def app_send(message: Message) -> None:
-            # The framework turns a failed body read into its own 400; the 413 wins.
-            if not too_large:
+            # The framework turns a failed body read into its own 400; ours wins.
+            if not too_large and not nul:
                 await send_with_id(message)
 
         async def fail(error: GatewayError) -> None:
@@ -79,12 +103,19 @@ class RequestContextMiddleware:
                 declared = headers.get("content-length")
                 if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
                     raise _BodyTooLarge
+                if _has_nul(scope):
+                    raise _NulByte
                 await self.app(scope, limited_receive, app_send)
                 if too_large:
                     raise _BodyTooLarge
+                if nul:
+                    raise _NulByte
             except _BodyTooLarge:
                 if not started:
                     await fail(RequestTooLargeError(f"request body exceeds {self.max_body_bytes} bytes"))
+            except _NulByte:
+                if not started:
+                    await fail(InvalidRequestError("NUL characters are not allowed here"))
             except Exception:
                 log_failure(log, "unhandled_error", path=path)
                 if not started:
