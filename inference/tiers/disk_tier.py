@@ -96,15 +96,7 @@ class DiskTier:
     def lookup(self, block_hash: BlockHash, token_ids: Sequence[int], now: float) -> TierEntry | None:
         """The live entry holding exactly token_ids under block_hash; an expired one is dropped."""
         with self._mutex:
-            entry = self.index.get(block_hash)
-            if entry is None:
-                return None
-            if entry.expired(now):
-                if entry.locks == 0:
-                    self._drop(entry)
-                    self.stats.evictions += 1
-                return None
-            return entry if entry.token_ids == tuple(token_ids) else None
+            return self.index.lookup(block_hash, token_ids, now, self._evict)
 
     def __contains__(self, block_hash: BlockHash) -> bool:
         with self._mutex:
@@ -136,8 +128,7 @@ class DiskTier:
                 entry.locks -= 1
             for entry in bad:
                 if entry.locks == 0 and self.index.get(entry.block_hash) is entry:
-                    self._drop(entry)
-                    self.stats.evictions += 1
+                    self._evict(entry)
         for entry in bad:
             self._clear_header(entry.slot)
 
@@ -230,6 +221,11 @@ class DiskTier:
     def _drop(self, entry: TierEntry) -> None:
         self.index.remove(entry)
         self._free_slots.append(entry.slot)
+
+    def _evict(self, entry: TierEntry) -> None:
+        """Take out an entry that expired or failed verification; it counts as an eviction."""
+        self._drop(entry)
+        self.stats.evictions += 1
 
     def _write_record(self, slot: int, entry: TierEntry, record: np.ndarray) -> None:
         header = RecordHeader(

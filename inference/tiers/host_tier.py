@@ -43,15 +43,7 @@ class HostTier:
 
     def lookup(self, block_hash: BlockHash, token_ids: Sequence[int], now: float) -> TierEntry | None:
         """The live entry holding exactly token_ids under block_hash; an expired one is dropped."""
-        entry = self.index.get(block_hash)
-        if entry is None:
-            return None
-        if entry.expired(now):
-            if entry.locks == 0:
-                self.remove(entry)
-                self.stats.evictions += 1
-            return None
-        return entry if entry.token_ids == tuple(token_ids) else None
+        return self.index.lookup(block_hash, token_ids, now, self._evict)
 
     def free_slot(self) -> int | None:
         return self._free_slots.pop() if self._free_slots else None
@@ -71,6 +63,10 @@ class HostTier:
         self.index.remove(entry)
         self._fences.pop(entry.slot, None)
         self._free_slots.append(entry.slot)
+
+    def _evict(self, entry: TierEntry) -> None:
+        self.remove(entry)
+        self.stats.evictions += 1
 
     def data(self, entry: TierEntry) -> torch.Tensor:
         """The entry's block, once any copy into it has finished."""

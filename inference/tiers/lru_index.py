@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from inference.hashing import BlockHash
@@ -58,6 +58,22 @@ class LruIndex:
 
     def get(self, block_hash: BlockHash) -> TierEntry | None:
         return self._pinned.get(block_hash) or self._unpinned.get(block_hash)
+
+    def lookup(
+        self, block_hash: BlockHash, token_ids: Sequence[int], now: float, drop: Callable[[TierEntry], None]
+    ) -> TierEntry | None:
+        """The live entry holding exactly token_ids under block_hash (a hash collision is a miss).
+
+        An expired entry is never returned; unless a load holds it, drop(entry) takes it out of its tier.
+        """
+        entry = self.get(block_hash)
+        if entry is None:
+            return None
+        if entry.expired(now):
+            if entry.locks == 0:
+                drop(entry)
+            return None
+        return entry if entry.token_ids == tuple(token_ids) else None
 
     def add(self, entry: TierEntry) -> None:
         assert entry.block_hash not in self, "hash already indexed"
