@@ -103,11 +103,26 @@ class AsyncEngine:
     # -- lifecycle ----------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load the model (in a worker thread) and start stepping."""
+        """Load the model and start stepping, both in the engine thread."""
         self._loop = asyncio.get_running_loop()
-        self.core = await asyncio.to_thread(Engine, self.settings, clock=self._clock)
-        self._thread = threading.Thread(target=self._run, name="kvgate-engine", daemon=True)
+        ready: asyncio.Future[None] = self._loop.create_future()
+        self._thread = threading.Thread(target=self._main, args=(ready,), name="kvgate-engine", daemon=True)
         self._thread.start()
+        await ready
+
+    def _main(self, ready: asyncio.Future[None]) -> None:
+        # Every torch op of the engine runs on this one thread. Work on a second thread
+        # (loading on a pool worker, say) leaves a second OpenMP team behind, and on a
+        # small machine the two teams halve decode speed.
+        loop = self._loop
+        assert loop is not None
+        try:
+            self.core = Engine(self.settings, clock=self._clock)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(ready.set_exception, exc)
+            return
+        loop.call_soon_threadsafe(ready.set_result, None)
+        self._run()
 
     async def shutdown(self) -> None:
         with self._wake:
