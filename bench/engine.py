@@ -224,8 +224,8 @@ def main() -> None:
         )
     lines += [
         "",
-        "\\* vLLM numbers are the issue's, measured on a different CPU (Sapphire Rapids with AMX); "
-        "vLLM was not run on this machine, so those columns are context, not a side-by-side ratio.",
+        "\\* vLLM numbers are the issue's, from a different CPU (Sapphire Rapids with AMX), for context; "
+        "the side-by-side run of vLLM on this machine is the vs-vLLM section (bench/vs_vllm.py).",
         "",
         f"### 2. Seed chat, at half scale ({seed['turns']} turns, 2,000-token system prompt, 50-token user turns, "
         "150-token replies: the full-size chat ends at 11,700 tokens, past SmolLM2's 8,192-token context)",
