@@ -35,8 +35,11 @@ class PackedLinear(torch.nn.Module):
 
 
 def can_pack(model: torch.nn.Module) -> bool:
+    """True for a bf16 CPU model on a CPU whose oneDNN has a bf16 path (AVX-512 or AVX-NE-CONVERT, not AVX2 alone)."""
     param = next(model.parameters())
-    return param.device.type == "cpu" and param.dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+    if param.device.type != "cpu" or param.dtype != torch.bfloat16 or not torch.backends.mkldnn.is_available():
+        return False
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def pack_linears(model: torch.nn.Module) -> int:
