@@ -132,8 +132,11 @@ class Engine:
         return kernel
 
     def close(self) -> None:
-        """Finish writes to the KV disk tier and release it; the engine must not step afterwards."""
+        """Write live blocks out to the KV disk tier (if set to) and release it; the engine must not step afterwards."""
         if self.tiers is not None:
+            if self.settings.kv_disk_write_out_on_close:
+                sent = self.tiers.write_out(self.pool.blocks)
+                log.info("kv_write_out_on_close", blocks=sent)
             self.tiers.close()
 
     @property

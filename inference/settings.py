@@ -54,6 +54,11 @@ class EngineSettings(BaseSettings):
         description="Soft pinning: the most share of the device pool, and of each tier, in which pinned blocks "
         "are kept in preference to others. 0 turns pinning off.",
     )
+    kv_disk_write_out_on_close: bool = Field(
+        True,
+        description="At shutdown, write the live blocks of the device pool and host tier to the disk tier, "
+        "so a restart keeps them.",
+    )
     kv_offload_staging_mib: float = Field(
         64.0, gt=0, description="Host buffers for blocks on their way to disk; when all are in flight, evictions wait."
     )

@@ -183,6 +183,7 @@ class DiskTier:
                 self.stats.dropped_stores += 1
                 return
         entry.checksum = checksum(payload)
+        entry.dirty = False  # the header written now is current
         try:
             self._write_record(slot, entry, record)
         except OSError as exc:
@@ -196,6 +197,27 @@ class DiskTier:
             self.index.add(entry)
             self.stats.stores += 1
             self.stats.bytes_written += payload.nbytes
+
+    def write_refreshed_headers(self) -> int:
+        """Rewrite the header of every entry refreshed since it was written; returns how many.
+
+        A hit or a re-store extends an entry's expiry in memory only. Rewritten, the
+        longer expiry survives a restart, so a block read within its TTL is not purged
+        at start-up as if it had not been used since it was written. A header page torn
+        by a crash fails its checksum: that block is lost, never loaded wrong.
+        """
+        with self._mutex:
+            dirty = [e for e in self.index if e.dirty and e.locks == 0]
+            headers = [(e.slot, self._header(e)) for e in dirty]
+            for entry in dirty:
+                entry.dirty = False
+        for slot, header in headers:
+            fd, offset = self._locate(slot)
+            try:
+                _pwrite_all(fd, header, offset)
+            except OSError as exc:
+                log.warning("kv_disk_write_failed", error=str(exc))
+        return len(headers)
 
     def close(self) -> None:
         for fd in {*self._fds.values(), *self._direct_fds.values()}:
@@ -227,8 +249,8 @@ class DiskTier:
         self._drop(entry)
         self.stats.evictions += 1
 
-    def _write_record(self, slot: int, entry: TierEntry, record: np.ndarray) -> None:
-        header = RecordHeader(
+    def _header(self, entry: TierEntry) -> bytes:
+        return RecordHeader(
             layout=self._layout_key,
             block_hash=entry.block_hash,
             ttl_s=entry.ttl_s,
@@ -238,6 +260,9 @@ class DiskTier:
             payload_checksum=entry.checksum,
             token_ids=entry.token_ids,
         ).pack()
+
+    def _write_record(self, slot: int, entry: TierEntry, record: np.ndarray) -> None:
+        header = self._header(entry)
         record[: len(header)] = np.frombuffer(header, dtype=np.uint8)
         segment, index = divmod(slot, self.slots_per_segment)
         try:

@@ -31,6 +31,7 @@ class TierEntry:
     checksum: int = 0  # the disk tier's payload checksum
     locks: int = 0
     tick: int = 0
+    dirty: bool = False  # the disk tier's header on file has an older TTL, expiry or last use
 
     def expired(self, now: float) -> bool:
         return self.expires_at <= now
@@ -88,6 +89,8 @@ class LruIndex:
 
     def refresh(self, entry: TierEntry, newer: TierEntry) -> None:
         """The block was stored again: keep the longest TTL and latest expiry, and make it most recent."""
+        grew = newer.ttl_s > entry.ttl_s or newer.expires_at > entry.expires_at or newer.last_used > entry.last_used
+        entry.dirty |= grew
         entry.ttl_s = max(entry.ttl_s, newer.ttl_s)
         entry.expires_at = max(entry.expires_at, newer.expires_at)
         entry.last_used = max(entry.last_used, newer.last_used)

@@ -67,6 +67,7 @@ class TierManager:
         self.layout = BlockLayout.of_pool(cache)
         self.host = host
         self.disk = disk
+        self.closed = False
         self.staging: StagingPool | None = None
         self.worker: OffloadWorker | None = None
         if disk is not None:
@@ -114,14 +115,7 @@ class TierManager:
 
     def on_device_evict(self, block: KVBlock) -> None:
         """BlockPool's eviction hook: keep an unexpired committed block before its slot is reused."""
-        assert block.block_hash is not None
-        entry = TierEntry(
-            block_hash=block.block_hash,
-            token_ids=block.token_ids,
-            ttl_s=block.ttl_s,
-            expires_at=block.expires_at,
-            last_used=block.last_used,
-        )
+        entry = _entry_of(block, block.expires_at)
         source = device_block(self.cache, block.block_id)
         host = self.host
         if host is not None:
@@ -147,7 +141,7 @@ class TierManager:
             return None
         if not victim.expired(now) and self.disk is not None:
             host.stats.demotions += 1
-            self._stage_for_disk(dataclasses.replace(victim, slot=-1, tick=0), host.data(victim))
+            self._stage_for_disk(_copy_for_disk(victim), host.data(victim))
         host.remove(victim)
         host.stats.evictions += 1
         return host.free_slot()
@@ -235,14 +229,59 @@ class TierManager:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    def write_out(self, device_blocks: Sequence[KVBlock]) -> int:
+        """At shutdown: send every live block above the disk down to it; returns how many were sent.
+
+        Write-back alone leaves on disk only what was evicted, so a restart would lose
+        the hottest prefixes, the ones still on the device or the host. Blocks go
+        least recently used first, so on a full disk the newest push out the oldest.
+        A block in use has no expiry yet: it gets one from now, as if released.
+        """
+        if self.disk is None or self.closed:
+            return 0
+        now = self.clock.now()
+        sent = 0
+        if self.host is not None:
+            for entry in self.host.index.lru_order():
+                if not entry.expired(now):
+                    self._stage_for_disk(_copy_for_disk(entry), self.host.data(entry))
+                    sent += 1
+        committed = [b for b in device_blocks if b.block_hash is not None]
+        for block in sorted(committed, key=lambda b: (b.ref_count > 0, b.free_seq)):
+            expires_at = block.expires_at if block.ref_count == 0 else now + block.ttl_s
+            if expires_at > now:
+                self._stage_for_disk(_entry_of(block, expires_at), device_block(self.cache, block.block_id))
+                sent += 1
+        return sent
+
     def flush(self) -> None:
         """Wait until every block on its way to disk is written."""
         if self.worker is not None:
             self.worker.flush()
 
     def close(self) -> None:
-        """Write what is on its way to disk, then release the disk tier (its directory lock included)."""
+        """Write what is on its way to disk and the refreshed headers, then release the disk tier and its lock."""
+        if self.closed:
+            return
+        self.closed = True
         if self.worker is not None:
             self.worker.close()
         if self.disk is not None:
+            self.disk.write_refreshed_headers()
             self.disk.close()
+
+
+def _entry_of(block: KVBlock, expires_at: float) -> TierEntry:
+    assert block.block_hash is not None
+    return TierEntry(
+        block_hash=block.block_hash,
+        token_ids=block.token_ids,
+        ttl_s=block.ttl_s,
+        expires_at=expires_at,
+        last_used=block.last_used,
+    )
+
+
+def _copy_for_disk(entry: TierEntry) -> TierEntry:
+    """A host entry's metadata, detached from its host slot, for a disk write."""
+    return dataclasses.replace(entry, slot=-1, tick=0, locks=0, dirty=False)
