@@ -17,6 +17,7 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.engine import Engine
+from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from gateway.services.server_state import ensure_admin_token, ensure_secret
@@ -113,6 +114,7 @@ def create_app(
             secret=secret,
             admin=admin,
             auth_cache=PrincipalCache(settings.auth_cache_ttl_s),
+            metrics=GatewayMetrics(engine),
         )
         app.state.gateway = gw
         try:

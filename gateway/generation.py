@@ -232,6 +232,7 @@ class Generation:
                 )
             except Exception:
                 log_failure(log, "rate_limit_settle_failed", request_id=event.request_id)
+        self.gw.metrics.observe_usage(model=self.model, status=status, counts=counts, output=output)
         self.ctx.log.update(
             status_detail=status,
             prompt_tokens=counts.prompt,

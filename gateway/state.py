@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks
 from gateway.engine import Engine
+from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.ratelimit import Limits, RateLimiter
 from gateway.services.keys import Principal
@@ -32,6 +33,7 @@ class Gateway:
     secret: str
     admin: AdminTokenVerifier
     auth_cache: PrincipalCache
+    metrics: GatewayMetrics
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:

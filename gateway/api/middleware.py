@@ -39,6 +39,14 @@ def new_request_id() -> str:
     return "req_" + secrets.token_hex(12)
 
 
+def _observe(scope: Scope, status: int, seconds: float) -> None:
+    gw = getattr(scope["app"].state, "gateway", None)
+    if gw is not None:
+        # The route template, never the raw path: label values stay few.
+        route = getattr(scope.get("route"), "path", "unmatched")
+        gw.metrics.observe_request(route=route, status=status, seconds=seconds)
+
+
 class RequestContextMiddleware:
     def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
         self.app = app
@@ -121,11 +129,13 @@ class RequestContextMiddleware:
                 if not started:
                     await fail(ApiError("Internal server error"))
             finally:
+                seconds = time.perf_counter() - state["t0"]
                 log.info(
                     "request",
                     method=scope["method"],
                     path=path,
                     status=status,
-                    duration_ms=round((time.perf_counter() - state["t0"]) * 1000, 2),
+                    duration_ms=round(seconds * 1000, 2),
                     **fields,
                 )
+                _observe(scope, status, seconds)
