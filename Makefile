@@ -35,6 +35,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/tiers.py
+	$(VENV)/bin/python bench/write_out.py
 	$(VENV)/bin/python bench/gateway.py --write-docs
 
 clean:

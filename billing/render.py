@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import Literal
 
 import jinja2
 from fpdf import FPDF
@@ -98,6 +101,15 @@ def render_html(doc: InvoiceDocument) -> str:
     return _HTML.render(doc=doc, usd=format_usd, labels=CATEGORY_LABELS)
 
 
+# Where Debian's fonts-dejavu-core (and most distributions) keep DejaVu Sans: a TrueType font
+# covering Latin, Greek and Cyrillic. Without it the PDF falls back to the core Helvetica font.
+UNICODE_FONT_DIRS = (
+    Path("/usr/share/fonts/truetype/dejavu"),
+    Path("/usr/share/fonts/TTF"),
+    Path("/usr/share/fonts/dejavu"),
+)
+UNICODE_FONT_FILES = {"": "DejaVuSans.ttf", "B": "DejaVuSans-Bold.ttf"}
+
 _ASCII_PUNCTUATION = str.maketrans(
     {
         "\u2014": "-",
@@ -112,20 +124,44 @@ _ASCII_PUNCTUATION = str.maketrans(
 )
 
 
-def _latin1(text: str) -> str:
-    # The PDF uses the core Helvetica font (no font files to ship), which is Latin-1 only.
-    return text.translate(_ASCII_PUNCTUATION).encode("latin-1", "replace").decode("latin-1")
+def unicode_font_files(dirs: Sequence[Path] = UNICODE_FONT_DIRS) -> dict[str, Path] | None:
+    """DejaVu Sans regular and bold, from the first directory that has both; None if none does."""
+    for directory in dirs:
+        files = {style: directory / name for style, name in UNICODE_FONT_FILES.items()}
+        if all(f.is_file() for f in files.values()):
+            return files
+    return None
 
 
-def render_pdf(doc: InvoiceDocument) -> bytes:
+class _PdfText:
+    """The PDF's font family, and text reduced to what that font can draw (the rest becomes "?")."""
+
+    def __init__(self, pdf: FPDF, font_files: dict[str, Path] | None) -> None:
+        if font_files is None:
+            self.family, self._cmap = "Helvetica", None  # core font: Latin-1 only, nothing to embed
+            return
+        for style, path in font_files.items():
+            pdf.add_font("DejaVu", style, str(path))
+        self.family, self._cmap = "DejaVu", pdf.fonts["dejavu"].cmap
+
+    def __call__(self, text: str) -> str:
+        if self._cmap is None:
+            return text.translate(_ASCII_PUNCTUATION).encode("latin-1", "replace").decode("latin-1")
+        return "".join(c if ord(c) in self._cmap else "?" for c in text)
+
+
+def render_pdf(doc: InvoiceDocument, *, font_files: dict[str, Path] | Literal["auto"] | None = "auto") -> bytes:
+    """The invoice as PDF, in DejaVu Sans where the system has it (font_files: "auto" finds it; None forces
+    the Latin-1 core font). Characters the font cannot draw are printed as "?"."""
     pdf = FPDF(orientation="P", unit="mm", format="A4")
-    pdf.set_title(_latin1(doc.title))
-    pdf.set_author(_latin1(doc.seller))
+    printable = _PdfText(pdf, unicode_font_files() if font_files == "auto" else font_files)
+    pdf.set_title(printable(doc.title))
+    pdf.set_author(printable(doc.seller))
     pdf.set_auto_page_break(auto=True, margin=15)
     pdf.add_page()
-    pdf.set_font("Helvetica", "B", 16)
-    pdf.cell(0, 10, _latin1(f"{doc.title} ({doc.status.upper()})"), new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", size=10)
+    pdf.set_font(printable.family, "B", 16)
+    pdf.cell(0, 10, printable(f"{doc.title} ({doc.status.upper()})"), new_x="LMARGIN", new_y="NEXT")
+    pdf.set_font(printable.family, size=10)
     header = [
         f"From {doc.seller} to {doc.tenant_name} (tenant {doc.tenant_id})",
         f"Period: {doc.period_label}",
@@ -133,9 +169,9 @@ def render_pdf(doc: InvoiceDocument) -> bytes:
         f"Requests: {doc.requests:,}",
     ]
     for text in header:
-        pdf.cell(0, 6, _latin1(text), new_x="LMARGIN", new_y="NEXT")
+        pdf.cell(0, 6, printable(text), new_x="LMARGIN", new_y="NEXT")
     pdf.ln(4)
-    pdf.set_font("Helvetica", size=9)
+    pdf.set_font(printable.family, size=9)
     with pdf.table(
         col_widths=(8, 52, 34, 30, 34, 26),
         text_align=("RIGHT", "LEFT", "LEFT", "RIGHT", "RIGHT", "RIGHT"),
@@ -147,7 +183,7 @@ def render_pdf(doc: InvoiceDocument) -> bytes:
             table.row(
                 [
                     str(line.position),
-                    _latin1(line.model),
+                    printable(line.model),
                     CATEGORY_LABELS[line.category],
                     f"{line.tokens:,}",
                     str(line.unit_price_usd_per_mtok),
@@ -155,17 +191,17 @@ def render_pdf(doc: InvoiceDocument) -> bytes:
                 ]
             )
     pdf.ln(3)
-    pdf.set_font("Helvetica", "B", 11)
+    pdf.set_font(printable.family, "B", 11)
     pdf.cell(0, 7, f"Total: {format_usd(doc.total_cents)}", align="R", new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", size=10)
+    pdf.set_font(printable.family, size=10)
     for note in doc.credit_notes:
         text = f"Credit note {note.number} ({note.reason}): -{format_usd(note.amount_cents)}"
-        pdf.cell(0, 6, _latin1(text), align="R", new_x="LMARGIN", new_y="NEXT")
+        pdf.cell(0, 6, printable(text), align="R", new_x="LMARGIN", new_y="NEXT")
     if doc.credit_notes:
-        pdf.set_font("Helvetica", "B", 11)
+        pdf.set_font(printable.family, "B", 11)
         due = f"Amount due: {format_usd(doc.amount_due_cents)}"
         pdf.cell(0, 7, due, align="R", new_x="LMARGIN", new_y="NEXT")
-        pdf.set_font("Helvetica", size=10)
+        pdf.set_font(printable.family, size=10)
     pdf.ln(4)
     pdf.multi_cell(
         0,
