@@ -7,6 +7,7 @@ import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+import structlog
 from fastapi import FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -14,11 +15,14 @@ from gateway.api.deps import AdminDep
 from gateway.api.errors import install_error_handlers
 from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
+from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks, NoBilling
+from gateway.cpu_pool import CpuPool
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
+from gateway.prompt_bounds import derive_bounds
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
@@ -33,6 +37,8 @@ BILLING_HOOKS_MODULE = "billing.hooks"
 BILLING_API_MODULE = "billing.api"
 
 EngineFactory = Callable[[], Engine]
+
+log = structlog.get_logger("kvgate.gateway")
 
 
 def _default_engine() -> Engine:
@@ -102,11 +108,23 @@ def create_app(
         wrap = getattr(hooks, "wrap_recorder", None)
         if wrap is not None:
             usage_recorder = wrap(usage_recorder)
+        bounds = derive_bounds(
+            tokenizer=engine.tokenizer,
+            max_model_len=engine.max_model_len,
+            apply_chat_template=engine.apply_chat_template,
+        )
+        if bounds.why_not:
+            log.info("prompt_bounds_limited", reason=bounds.why_not)
         rate_limiter = limiter or (RedisRateLimiter(settings.redis_url) if settings.redis_url else MemoryRateLimiter())
         gw = Gateway(
             settings=settings,
             engine=engine,
-            renderer=PromptRenderer(apply_chat_template=engine.apply_chat_template, tokenizer=engine.tokenizer),
+            renderer=PromptRenderer(
+                apply_chat_template=engine.apply_chat_template,
+                tokenizer=engine.tokenizer,
+                bounds=bounds,
+                max_prompt_tokens=engine.max_model_len - 1,
+            ),
             sessions=sessions,
             limiter=rate_limiter,
             recorder=usage_recorder,
@@ -115,12 +133,14 @@ def create_app(
             admin=admin,
             auth_cache=PrincipalCache(settings.auth_cache_ttl_s),
             metrics=GatewayMetrics(engine),
+            cpu=CpuPool(settings.request_threads),
         )
         app.state.gateway = gw
         try:
             yield
         finally:
             await gw.drain()
+            gw.cpu.close()
             close = getattr(hooks, "aclose", None)
             if close is not None:
                 await close()
@@ -140,5 +160,8 @@ def create_app(
     app.include_router(api_router)
     _include_billing_routes(app)
     install_error_handlers(app)
-    app.add_middleware(RequestContextMiddleware, max_body_bytes=settings.max_request_bytes)
+    install_body_schemas(app)
+    app.add_middleware(
+        RequestContextMiddleware, max_body_bytes=settings.max_request_bytes, body_timeout_s=settings.body_timeout_s
+    )
     return app

@@ -34,6 +34,15 @@ class InvalidRequestError(GatewayError):
     openai_type = "invalid_request_error"
 
 
+class PromptTooLongError(InvalidRequestError):
+    """The prompt cannot fit the model's context (OpenAI names the case with its own code)."""
+
+    openai_code = "context_length_exceeded"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="messages")
+
+
 class AuthenticationError(GatewayError):
     status = 401
     anthropic_type = "authentication_error"
@@ -73,6 +82,15 @@ class RequestTooLargeError(GatewayError):
     anthropic_type = "request_too_large"
     openai_type = "invalid_request_error"
     openai_code = "request_too_large"
+
+
+class RequestTimeoutError(GatewayError):
+    """The client did not send the request body in time."""
+
+    status = 408
+    anthropic_type = "invalid_request_error"
+    openai_type = "invalid_request_error"
+    openai_code = "request_timeout"
 
 
 class _RetryableError(GatewayError):

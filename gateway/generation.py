@@ -19,7 +19,7 @@ import structlog
 
 from gateway.billing_hooks import Admission
 from gateway.engine import Handle
-from gateway.errors import ApiError, InvalidRequestError, OverloadedError, RateLimitError
+from gateway.errors import ApiError, InvalidRequestError, OverloadedError, PromptTooLongError, RateLimitError
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
@@ -113,7 +113,7 @@ def output_budget(gw: Gateway, *, prompt_tokens: int, requested: int | None) -> 
     limit = gw.engine.max_model_len
     room = limit - prompt_tokens
     if room <= 0:
-        raise InvalidRequestError(f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
+        raise PromptTooLongError(f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
     return room if requested is None else min(requested, room)
 
 
@@ -245,22 +245,51 @@ class Generation:
         return Finished(output=output, counts=counts, status=status, cost_usd=cost)
 
 
-async def start_generation(gw: Gateway, *, ctx: RequestContext, endpoint: Endpoint, prepared: Prepared) -> Generation:
-    """Admit the request (rate limits, billing) and hand it to the engine."""
+@dataclass(frozen=True)
+class RateAdmission:
+    """A key's limits and the request unit taken for one request before its body was read."""
+
+    limits: Limits
+    decision: Decision | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.decision.headers() if self.decision else {}
+
+
+async def admit_rate(gw: Gateway, *, ctx: RequestContext, counts_input_tokens: bool = True) -> RateAdmission:
+    """Take one request unit before any parsing or rendering: a key over its limit gets a 429 for free.
+
+    count_tokens passes counts_input_tokens=False: it takes a request unit from the same
+    bucket and reserves no input tokens (as at Anthropic, counting tokens does not count
+    toward input tokens per minute), so an exhausted input-token bucket does not refuse it.
+    """
+    limits = gw.limits_for(ctx.principal)
+    if not counts_input_tokens:
+        limits = Limits(requests_per_minute=limits.requests_per_minute)
+    if not limits.enabled:
+        return RateAdmission(limits, None)
+    decision = await gw.limiter.acquire(key_id=ctx.principal.api_key_id, limits=limits, input_tokens=0)
+    if not decision.allowed:
+        raise RateLimitError(
+            "rate limit exceeded for this API key; retry after the time in the retry-after header",
+            retry_after_s=decision.retry_after_s,
+            headers=decision.headers(),
+        )
+    return RateAdmission(limits, decision)
+
+
+async def start_generation(
+    gw: Gateway, *, ctx: RequestContext, endpoint: Endpoint, prepared: Prepared, rate: RateAdmission
+) -> Generation:
+    """Reserve the prompt's input tokens, admit the request to billing and hand it to the engine."""
     model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
     principal = ctx.principal
-    limits = gw.limits_for(principal)
+    limits, decision = rate.limits, rate.decision
     prompt_tokens = len(prompt.token_ids)
     reserved_input = 0
-    decision: Decision | None = None
-    if limits.enabled:
-        decision = await gw.limiter.acquire(key_id=principal.api_key_id, limits=limits, input_tokens=prompt_tokens)
-        if not decision.allowed:
-            raise RateLimitError(
-                "rate limit exceeded for this API key; retry after the time in the retry-after header",
-                retry_after_s=decision.retry_after_s,
-                headers=decision.headers(),
-            )
+    if decision is not None and limits.input_tokens_per_minute is not None:
+        decision = await gw.limiter.reserve(key_id=principal.api_key_id, limits=limits, input_tokens=prompt_tokens)
         reserved_input = decision.reserved_input_tokens
 
     async def refund() -> None:

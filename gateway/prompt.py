@@ -24,7 +24,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from gateway.errors import InvalidRequestError
+from gateway.errors import InvalidRequestError, PromptTooLongError
+from gateway.prompt_bounds import NO_BOUNDS, PromptBounds
 
 # Text blocks of one message are joined like paragraphs.
 BLOCK_SEPARATOR = "\n\n"
@@ -74,12 +75,25 @@ class RenderedPrompt:
 
 
 class PromptRenderer:
-    """Renders Chats for one model: its chat template and its tokenizer."""
+    """Renders Chats for one model: its chat template and its tokenizer.
 
-    def __init__(self, *, apply_chat_template: ApplyTemplate, tokenizer: Any) -> None:
+    With bounds, a rendered text too long to fit max_prompt_tokens is refused before
+    it is tokenized (see gateway.prompt_bounds).
+    """
+
+    def __init__(
+        self,
+        *,
+        apply_chat_template: ApplyTemplate,
+        tokenizer: Any,
+        bounds: PromptBounds = NO_BOUNDS,
+        max_prompt_tokens: int | None = None,
+    ) -> None:
         self._apply = apply_chat_template
         self._tokenizer = tokenizer
         self._tools_supported: bool | None = None
+        self.bounds = bounds
+        self._max_prompt_tokens = max_prompt_tokens
 
     def supports_tools(self) -> bool:
         if self._tools_supported is None:
@@ -96,10 +110,12 @@ class PromptRenderer:
             raise InvalidRequestError("tools: this model's chat template does not support tools", param="tools")
         if not chat.has_breakpoints:
             text = self._render_text(chat, marker=None)
+            self._check_length(text)
             ids = self._tokenizer(text, add_special_tokens=False)["input_ids"]
             return RenderedPrompt(text=text, token_ids=list(ids))
 
         plain = self._render_text(chat, marker=None)
+        self._check_length(plain)
         char_ends: list[tuple[int, int]] = [
             (self._tool_end(chat, i, plain), tool.ttl_s) for i, tool in enumerate(chat.tools) if tool.ttl_s
         ]
@@ -108,6 +124,14 @@ class PromptRenderer:
         ends = _running_max_ends(encoding["offset_mapping"])
         breakpoints = [Breakpoint(token_end=bisect_right(ends, c), ttl_s=ttl) for c, ttl in char_ends]
         return RenderedPrompt(text=plain, token_ids=list(encoding["input_ids"]), breakpoints=breakpoints)
+
+    def _check_length(self, text: str) -> None:
+        limit = self.bounds.max_chars
+        if limit is not None and len(text) > limit and self._max_prompt_tokens is not None:
+            raise PromptTooLongError(
+                f"prompt is too long: {len(text)} characters cannot fit in {self._max_prompt_tokens} tokens "
+                f"(no token of this model holds more than {self.bounds.chars_per_token} characters)"
+            )
 
     def _render_text(
         self, chat: Chat, *, marker: Callable[[int], str] | None, tools: Sequence[Any] | None = None

@@ -12,6 +12,10 @@ step (one event-loop turn in memory, one Lua script in Redis), so concurrent
 requests cannot take the same units: once the bucket is empty every other
 request is refused, and the overshoot is bounded by the one request that took
 the last units.
+
+The gateway takes the request unit before it reads the body (acquire with no
+input tokens), so a key over its limit costs no parsing or tokenizing, and
+reserves the input tokens once the prompt is tokenized (reserve).
 """
 
 from __future__ import annotations
@@ -71,6 +75,10 @@ class RateLimiter(Protocol):
         """If admitted, take one request unit and reserve up to `input_tokens`; else take nothing."""
         ...
 
+    async def reserve(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
+        """Reserve up to `input_tokens` (what is left, if less) for an admitted request; never refuses."""
+        ...
+
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
         """Give units back (positive) or take more (negative, possibly into debt)."""
         ...
@@ -127,6 +135,18 @@ class MemoryRateLimiter:
             self._buckets[(key_id, "itok")] = (itok, now)
         return _decision(limits, req, itok, wait, reserved, now)
 
+    async def reserve(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
+        now = self._clock()
+        rpm, itpm = limits.requests_per_minute, limits.input_tokens_per_minute
+        req = self._level((key_id, "req"), rpm, now) if rpm else 0.0
+        itok = self._level((key_id, "itok"), itpm, now) if itpm else 0.0
+        reserved = 0
+        if itpm:
+            reserved = max(0, min(input_tokens, math.floor(itok)))
+            itok -= reserved
+            self._buckets[(key_id, "itok")] = (itok, now)
+        return _decision(limits, req, itok, 0.0, reserved, now)
+
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
         now = self._clock()
         for kind, limit, delta in (
@@ -142,6 +162,7 @@ class MemoryRateLimiter:
 # KEYS: request bucket, input-token bucket. ARGV: now, then (limit, amount) for each
 # bucket (limit 0 = no such limit), then mode. "acquire": admit if every bucket has
 # at least one unit, then take 1 request and reserve up to `amount` input tokens.
+# "reserve": the same taking without the admission check (the request amount is 0).
 # "adjust": add each amount unconditionally (negative amounts may leave debt).
 # Returns the levels after, as strings (Lua integers would truncate), the wait in
 # seconds, and the input tokens reserved.
@@ -168,7 +189,7 @@ for i = 1, 2 do
   local limit = tonumber(ARGV[2 * i])
   local amount = tonumber(ARGV[2 * i + 1])
   if limit > 0 then
-    if mode == 'acquire' then
+    if mode == 'acquire' or mode == 'reserve' then
       if wait == 0 then
         local take = amount
         if i == 2 then
@@ -215,6 +236,11 @@ class RedisRateLimiter:
         now = self._clock()
         req, itok, wait, reserved = await self._run(key_id, limits, 1, input_tokens, "acquire")
         return _decision(limits, req, itok, wait, reserved, now)
+
+    async def reserve(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
+        now = self._clock()
+        req, itok, _, reserved = await self._run(key_id, limits, 0, input_tokens, "reserve")
+        return _decision(limits, req, itok, 0.0, reserved, now)
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
         if requests or input_tokens:

@@ -32,6 +32,21 @@ class GatewaySettings(BaseSettings):
         2.0, ge=0, description="How long an authenticated key is trusted without a database read; 0 disables."
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
+    request_threads: int | None = Field(
+        None,
+        gt=0,
+        description="Threads that parse, render and tokenize large requests off the event loop; "
+        "defaults to half the cores (at least 1).",
+    )
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="A connection must send a request's complete headers within this many seconds."
+    )
+    body_timeout_s: float = Field(
+        60.0, gt=0, description="A request's whole body must arrive within this many seconds of its headers (408)."
+    )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="An idle keep-alive connection is closed after this many seconds."
+    )
     log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
 
 

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks
+from gateway.cpu_pool import CpuPool
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -34,6 +35,7 @@ class Gateway:
     admin: AdminTokenVerifier
     auth_cache: PrincipalCache
     metrics: GatewayMetrics
+    cpu: CpuPool
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:

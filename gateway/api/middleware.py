@@ -1,17 +1,21 @@
-"""Per-request context: request id, body-size limit, catch-all errors, one canonical log line."""
+"""Per-request context: request id, body size and time limits, catch-all errors, one canonical log line."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import secrets
 import time
 
 import structlog
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import dialect_for, render_error
-from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTooLargeError
+from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTimeoutError, RequestTooLargeError
 from gateway.logs import log_failure
+from gateway.unicode_text import lone_surrogate, lone_surrogate_message, may_hold_surrogate
 from kvgate.db import utcnow
 
 log = structlog.get_logger("kvgate.request")
@@ -25,10 +29,24 @@ class _NulByte(Exception):
     pass
 
 
+class _BodyTimeout(Exception):
+    pass
+
+
+class _BadText(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 # PostgreSQL text cannot hold NUL, so a NUL reaching a query is a database error (a 500).
 # It is refused up front in paths and query strings, and in admin bodies (JSON \u0000),
 # where strings are stored; API bodies may carry it in prompt text, which is never stored.
 _JSON_NUL = b"\\u0000"
+
+# Admin bodies are a name and a few numbers. FastAPI parses them on the event loop
+# before the admin token is checked, so their size is capped well below the API's.
+ADMIN_MAX_BODY_BYTES = 1024 * 1024
 
 
 def _has_nul(scope: Scope) -> bool:
@@ -47,10 +65,29 @@ def _observe(scope: Scope, status: int, seconds: float) -> None:
         gw.metrics.observe_request(route=route, status=status, seconds=seconds)
 
 
+def _admin_text_problem(body: bytes) -> str | None:
+    """Why an admin body's text cannot be stored (a lone surrogate), or None."""
+    if not may_hold_surrogate(body):
+        return None
+    try:
+        found = lone_surrogate(json.loads(body))
+    except ValueError:
+        return None  # not JSON: FastAPI says so
+    return lone_surrogate_message(*found) if found else None
+
+
 class RequestContextMiddleware:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    """Request id, log line and catch-all 500 for every request; and the body's limits.
+
+    A body larger than max_body_bytes (1 MiB on /admin) is a 413. A body still
+    incomplete body_timeout_s after the request's headers is a 408 with
+    `connection: close`, as soon as the app waits for the rest of it.
+    """
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout_s: float | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -65,6 +102,12 @@ class RequestContextMiddleware:
         status = 500
         started = False
         too_large = False
+        timed_out = False
+        limit = min(self.max_body_bytes, ADMIN_MAX_BODY_BYTES) if path.startswith("/admin/") else self.max_body_bytes
+        deadline = None if self.body_timeout_s is None else asyncio.get_running_loop().time() + self.body_timeout_s
+        body_done = False
+        admin_body: list[bytes] = []
+        bad_text: str | None = None
 
         async def send_with_id(message: Message) -> None:
             nonlocal status, started
@@ -79,13 +122,25 @@ class RequestContextMiddleware:
         tail = b""
         nul = False
 
+        async def timed_receive() -> Message:
+            nonlocal timed_out
+            if body_done or deadline is None:
+                return await receive()  # after the body: only a disconnect can come, whenever it does
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await receive()
+            except TimeoutError:
+                timed_out = True
+                raise _BodyTimeout from None
+
         async def limited_receive() -> Message:
-            nonlocal received, too_large, tail, nul
-            message = await receive()
+            nonlocal received, too_large, tail, nul, body_done, bad_text
+            message = await timed_receive()
             if message["type"] == "http.request":
                 body = message.get("body", b"")
+                body_done = not message.get("more_body", False)
                 received += len(body)
-                if received > self.max_body_bytes:
+                if received > limit:
                     too_large = True
                     raise _BodyTooLarge
                 if check_nul:
@@ -94,11 +149,16 @@ class RequestContextMiddleware:
                         nul = True
                         raise _NulByte
                     tail = window[-(len(_JSON_NUL) - 1) :]
+                    admin_body.append(body)
+                    if body_done:
+                        bad_text = _admin_text_problem(b"".join(admin_body))
+                        if bad_text is not None:
+                            raise _BadText(bad_text)
             return message
 
         async def app_send(message: Message) -> None:
             # The framework turns a failed body read into its own 400; ours wins.
-            if not too_large and not nul:
+            if not too_large and not nul and not timed_out and bad_text is None:
                 await send_with_id(message)
 
         async def fail(error: GatewayError) -> None:
@@ -109,7 +169,7 @@ class RequestContextMiddleware:
         with structlog.contextvars.bound_contextvars(request_id=request_id):
             try:
                 declared = headers.get("content-length")
-                if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+                if declared and declared.isdigit() and int(declared) > limit:
                     raise _BodyTooLarge
                 if _has_nul(scope):
                     raise _NulByte
@@ -118,12 +178,30 @@ class RequestContextMiddleware:
                     raise _BodyTooLarge
                 if nul:
                     raise _NulByte
+                if timed_out:
+                    raise _BodyTimeout
+                if bad_text is not None:
+                    raise _BadText(bad_text)
             except _BodyTooLarge:
                 if not started:
-                    await fail(RequestTooLargeError(f"request body exceeds {self.max_body_bytes} bytes"))
+                    await fail(RequestTooLargeError(f"request body exceeds {limit} bytes"))
             except _NulByte:
                 if not started:
                     await fail(InvalidRequestError("NUL characters are not allowed here"))
+            except _BadText as exc:
+                if not started:
+                    await fail(InvalidRequestError(exc.message))
+            except _BodyTimeout:
+                if not started:
+                    # The rest of the body may still be on its way: the connection cannot be reused.
+                    await fail(
+                        RequestTimeoutError(
+                            f"the request body did not arrive within {self.body_timeout_s:g} seconds",
+                            headers={"connection": "close"},
+                        )
+                    )
+            except ClientDisconnect:
+                status = 499  # the client left while sending its body: nobody to answer
             except Exception:
                 log_failure(log, "unhandled_error", path=path)
                 if not started:

@@ -26,6 +26,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.billing_hooks import STANDARD_TTLS_S, Admission
+from gateway.connections import uvicorn_options
 from gateway.errors import BillingError
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageEvent
@@ -146,7 +147,14 @@ class GatewayServer:
             billing=self._billing,
         )
         self._server = uvicorn.Server(
-            uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+            uvicorn.Config(
+                self.app,
+                host="127.0.0.1",
+                port=self.port,
+                log_level="warning",
+                lifespan="on",
+                **uvicorn_options(self.settings),
+            )
         )
         self._thread = threading.Thread(target=self._server.run, name="gateway-under-test", daemon=True)
         self.db = sa.create_engine(sync_url(database_url))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from gateway.api.body import parse_and_prepare
 from gateway.api.deps import ContextDep, GatewayDep
+from gateway.api.disconnect import CLIENT_CLOSED_REQUEST, ClientGone, unless_disconnected
 from gateway.api.responses import json_response
-from gateway.generation import start_generation
+from gateway.api.schema import json_body
+from gateway.generation import admit_rate, start_generation
 from gateway.protocols.anthropic import CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest
 from gateway.protocols.anthropic_stream import message_events, message_of
 from gateway.services.completions import count_message_tokens, prepare_message
@@ -16,17 +19,27 @@ from gateway.sse import EventStreamResponse
 router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
 
 
-@router.post("", response_model=MessageResponse)
-async def create_message(body: MessagesRequest, gw: GatewayDep, ctx: ContextDep) -> Response:
-    prepared = prepare_message(gw, request=body)
-    gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared)
+@router.post("", response_model=MessageResponse, openapi_extra=json_body(MessagesRequest))
+async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> Response:
+    rate = await admit_rate(gw, ctx=ctx)
+    body, prepared = await parse_and_prepare(
+        gw, ctx=ctx, request=request, model=MessagesRequest, prepare=lambda b: prepare_message(gw, request=b)
+    )
+    gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared, rate=rate)
     if body.stream:
         events = message_events(gen, request_id=ctx.request_id, model=prepared.model)
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
-    finished, headers = await gen.complete_or_raise()
+    try:
+        finished, headers = await unless_disconnected(gen.complete_or_raise(), request.receive)
+    except ClientGone:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     return json_response(message_of(finished, request_id=ctx.request_id, model=prepared.model), headers=headers)
 
 
-@router.post("/count_tokens", response_model=CountTokensResponse)
-async def count_tokens(body: CountTokensRequest, gw: GatewayDep, ctx: ContextDep) -> Response:
-    return json_response(CountTokensResponse(input_tokens=count_message_tokens(gw, request=body)))
+@router.post("/count_tokens", response_model=CountTokensResponse, openapi_extra=json_body(CountTokensRequest))
+async def count_tokens(request: Request, gw: GatewayDep, ctx: ContextDep) -> Response:
+    rate = await admit_rate(gw, ctx=ctx, counts_input_tokens=False)
+    _, tokens = await parse_and_prepare(
+        gw, ctx=ctx, request=request, model=CountTokensRequest, prepare=lambda b: count_message_tokens(gw, request=b)
+    )
+    return json_response(CountTokensResponse(input_tokens=tokens), headers=rate.headers)
