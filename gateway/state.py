@@ -19,6 +19,7 @@ from gateway.services.keys import Principal
 from gateway.services.server_state import AdminTokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
+from kvgate.db_health import DatabaseHealth
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Gateway:
     admin: AdminTokenVerifier
     auth_cache: PrincipalCache
     metrics: GatewayMetrics
+    db_health: DatabaseHealth = field(default_factory=DatabaseHealth)
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:

@@ -9,10 +9,11 @@ import structlog
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import dialect_for, render_error
+from gateway.api.errors import database_unavailable_error, dialect_for, render_error
 from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTooLargeError
 from gateway.logs import log_failure
 from kvgate.db import utcnow
+from kvgate.db_health import is_database_unavailable
 
 log = structlog.get_logger("kvgate.request")
 
@@ -45,6 +46,13 @@ def _observe(scope: Scope, status: int, seconds: float) -> None:
         # The route template, never the raw path: label values stay few.
         route = getattr(scope.get("route"), "path", "unmatched")
         gw.metrics.observe_request(route=route, status=status, seconds=seconds)
+
+
+def _database_unavailable(scope: Scope, error: BaseException) -> bool:
+    gw = getattr(scope["app"].state, "gateway", None)
+    if gw is not None:
+        return gw.db_health.observe(error)
+    return is_database_unavailable(error)
 
 
 class RequestContextMiddleware:
@@ -124,10 +132,15 @@ class RequestContextMiddleware:
             except _NulByte:
                 if not started:
                     await fail(InvalidRequestError("NUL characters are not allowed here"))
-            except Exception:
-                log_failure(log, "unhandled_error", path=path)
-                if not started:
-                    await fail(ApiError("Internal server error"))
+            except Exception as error:
+                if _database_unavailable(scope, error):
+                    # Logged once per outage by the database's health, not once per request.
+                    if not started:
+                        await fail(database_unavailable_error(path))
+                else:
+                    log_failure(log, "unhandled_error", path=path)
+                    if not started:
+                        await fail(ApiError("Internal server error"))
             finally:
                 seconds = time.perf_counter() - state["t0"]
                 log.info(
