@@ -25,9 +25,10 @@ from billing.money import MoneyError, format_usd_exact, usd_to_cents, usd_to_pic
 from billing.periods import parse_month
 from billing.prices import PriceError, PriceSpec, PriceVersion
 from billing.render import render_html, render_pdf
-from billing.service import BillingService, is_database_unavailable
+from billing.service import BillingService
 from billing.settlement import reverse_charge
 from billing.usage_queries import UsageFilter, UsageQueryError, iter_usage, list_usage, summarize
+from gateway.api.errors import database_unavailable_error
 from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
 from gateway.models import ApiKey, Tenant
 
@@ -69,9 +70,13 @@ def get_service(billing: BillingDep) -> BillingService:
 ServiceDep = Annotated[BillingService, Depends(get_service)]
 
 
-async def get_session(service: ServiceDep) -> AsyncIterator[AsyncSession]:
+async def get_session(request: Request, service: ServiceDep) -> AsyncIterator[AsyncSession]:
+    # While the database is known to be away (and no probe is due): 503 at once, no timeout wait.
+    if not service.health.should_try():
+        raise database_unavailable_error(request.url.path)
     async with service.sessions() as session:
         yield session
+    service.health.succeeded()
 
 
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
@@ -87,11 +92,15 @@ class _Strict(BaseModel):
 UsdAmount = Annotated[str, Field(pattern=r"^-?\d{1,12}(\.\d{1,12})?$", description="USD as a decimal string")]
 
 
-def _usd(value: str | int | Decimal, *, cents: bool = False) -> int:
+def _usd(value: str | int | Decimal, *, field: str, cents: bool = False) -> int:
     try:
         return usd_to_cents(str(value)) if cents else usd_to_pico(str(value))
     except MoneyError as exc:
-        raise InvalidRequestError(str(exc)) from exc
+        raise InvalidRequestError(f"{field}: {exc}", param=field) from exc
+
+
+def _budget_error(exc: budgets.BudgetError) -> InvalidRequestError:
+    return InvalidRequestError(f"{exc.field}: {exc}" if exc.field else str(exc), param=exc.field)
 
 
 def _money(pico: int | None) -> str | None:
@@ -574,13 +583,13 @@ async def get_budget(tenant_id: str, session: SessionDep) -> BudgetOut:
 @admin_router.put("/tenants/{tenant_id}/budget", response_model=BudgetOut)
 async def put_budget(tenant_id: str, body: TenantBudgetIn, session: SessionDep) -> BudgetOut:
     await _require_tenant(session, tenant_id)
-    limit = None if body.monthly_limit_usd is None else _usd(body.monthly_limit_usd)
+    limit = None if body.monthly_limit_usd is None else _usd(body.monthly_limit_usd, field="monthly_limit_usd")
     try:
         await budgets.set_tenant_budget(
             session=session, tenant_id=tenant_id, monthly_limit_pico=limit, prepaid=body.prepaid
         )
     except budgets.BudgetError as exc:
-        raise InvalidRequestError(str(exc)) from exc
+        raise _budget_error(exc) from exc
     await session.commit()
     return await budget_out(session, tenant_id)
 
@@ -590,13 +599,13 @@ async def put_key_budget(key_id: str, body: KeyBudgetIn, session: SessionDep) ->
     key = await session.get(ApiKey, key_id)
     if key is None:
         raise NotFoundError(f"no API key {key_id}")
-    limit = None if body.monthly_limit_usd is None else _usd(body.monthly_limit_usd)
+    limit = None if body.monthly_limit_usd is None else _usd(body.monthly_limit_usd, field="monthly_limit_usd")
     try:
         row = await budgets.set_key_budget(
             session=session, tenant_id=key.tenant_id, api_key_id=key_id, monthly_limit_pico=limit
         )
     except budgets.BudgetError as exc:
-        raise InvalidRequestError(str(exc)) from exc
+        raise _budget_error(exc) from exc
     await session.commit()
     return KeyBudgetOut(api_key_id=key_id, tenant_id=key.tenant_id, monthly_limit_usd=_money(row.monthly_limit_pico))
 
@@ -608,12 +617,12 @@ async def post_credit(tenant_id: str, body: CreditIn, session: SessionDep) -> Re
         grant, created = await budgets.grant_credit(
             session=session,
             tenant_id=tenant_id,
-            amount_pico=_usd(body.amount_usd),
+            amount_pico=_usd(body.amount_usd, field="amount_usd"),
             note=body.note,
             idempotency_key=body.idempotency_key,
         )
     except budgets.BudgetError as exc:
-        raise InvalidRequestError(str(exc)) from exc
+        raise _budget_error(exc) from exc
     await session.commit()
     out = CreditOut(
         id=grant.id,
@@ -700,7 +709,7 @@ async def post_credit_note(
         note = await credit_notes.issue_credit_note(
             session=session,
             invoice_id=invoice_id,
-            amount_cents=_usd(body.amount_usd, cents=True),
+            amount_cents=_usd(body.amount_usd, field="amount_usd", cents=True),
             reason=body.reason,
             number_prefix=service.settings.invoice_number_prefix,
         )
@@ -753,7 +762,7 @@ async def spool_replay(service: ServiceDep) -> SpoolOut:
     try:
         result = await service.replay_spool()
     except Exception as exc:
-        if not is_database_unavailable(exc):
+        if not service.health.observe(exc):
             raise
         raise UnavailableError(f"the database is still unavailable: {exc}") from exc
     return SpoolOut(

@@ -14,6 +14,7 @@ and adds the real cost in the same transaction that writes the ledger entry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -21,6 +22,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
+from billing.money import MAX_AMOUNT_PICO, PICO_PER_CENT, format_usd
 from billing.periods import month_start, period_key
 from gateway.models import ApiKey, Tenant
 from kvgate.db import insert_ignore, utcnow
@@ -32,11 +34,26 @@ ALL_TIME = "all"
 
 
 class BudgetError(ValueError):
-    pass
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field  # the input at fault, as the admin API names it
 
 
 class UnknownOwnerError(BudgetError):
     pass
+
+
+def _check_limit(monthly_limit_pico: int | None) -> None:
+    if monthly_limit_pico is None:
+        return
+    if monthly_limit_pico < 0:
+        raise BudgetError("monthly limit must not be negative", field="monthly_limit_usd")
+    if monthly_limit_pico > MAX_AMOUNT_PICO:
+        raise BudgetError(f"monthly limit must be at most {_max_usd()}", field="monthly_limit_usd")
+
+
+def _max_usd() -> str:
+    return format_usd(MAX_AMOUNT_PICO // PICO_PER_CENT)
 
 
 async def _require_tenant(session: AsyncSession, tenant_id: str) -> None:
@@ -73,6 +90,8 @@ class Reservation:
     request_id: str
     amount_pico: int
     counters: tuple[CounterKey, ...]
+    # Per counter, spent + reserved right after this hold (what admission remembers for outages).
+    balances: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -112,8 +131,7 @@ async def set_tenant_budget(
     monthly_limit_pico: int | None,
     prepaid: bool | None = None,
 ) -> TenantBudget:
-    if monthly_limit_pico is not None and monthly_limit_pico < 0:
-        raise BudgetError("monthly limit must not be negative")
+    _check_limit(monthly_limit_pico)
     await _require_tenant(session, tenant_id)
     await insert_ignore(
         session,
@@ -133,8 +151,7 @@ async def set_tenant_budget(
 async def set_key_budget(
     *, session: AsyncSession, tenant_id: str, api_key_id: str, monthly_limit_pico: int | None
 ) -> KeyBudget:
-    if monthly_limit_pico is not None and monthly_limit_pico < 0:
-        raise BudgetError("monthly limit must not be negative")
+    _check_limit(monthly_limit_pico)
     key = await session.get(ApiKey, api_key_id)
     if key is None or key.tenant_id != tenant_id:
         raise UnknownOwnerError(f"no API key {api_key_id} for tenant {tenant_id}")
@@ -164,7 +181,7 @@ async def grant_credit(
 ) -> tuple[CreditGrant, bool]:
     """Add prepaid credit; with an idempotency key a repeated grant is returned, not added again."""
     if amount_pico <= 0:
-        raise BudgetError("a credit grant must be positive")
+        raise BudgetError("a credit grant must be positive", field="amount_usd")
     await _require_tenant(session, tenant_id)
     if idempotency_key is not None:
         existing = await session.scalar(select(CreditGrant).where(CreditGrant.idempotency_key == idempotency_key))
@@ -172,7 +189,16 @@ async def grant_credit(
             if existing.tenant_id != tenant_id or existing.amount_pico != amount_pico:
                 raise BudgetError("idempotency key already used for a different grant")
             return existing, False
+    if amount_pico > MAX_AMOUNT_PICO:
+        raise BudgetError(f"a credit grant must be at most {_max_usd()}", field="amount_usd")
     await set_tenant_budget_defaults(session=session, tenant_id=tenant_id)
+    granted = await session.scalar(
+        select(TenantBudget.credit_granted_pico).where(TenantBudget.tenant_id == tenant_id).with_for_update()
+    )
+    if (granted or 0) + amount_pico > MAX_AMOUNT_PICO:
+        raise BudgetError(
+            f"the tenant's granted credit would exceed {_max_usd()}, the most kvgate stores", field="amount_usd"
+        )
     grant = CreditGrant(tenant_id=tenant_id, amount_pico=amount_pico, note=note[:500], idempotency_key=idempotency_key)
     session.add(grant)
     await session.flush()
@@ -217,9 +243,13 @@ async def reserve(
     api_key_id: str | None,
     amount_pico: int,
     now: datetime | None = None,
+    limits: Limits | None = None,
+    pending: Mapping[CounterKey, int] | None = None,
 ) -> Reservation | None:
     """Hold `amount_pico` against every limited counter, or raise BudgetExceededError.
 
+    `limits`: from limits_for() if the caller already has them. `pending`: spend per counter
+    the database does not know yet (admitted while it was away), counted but not held.
     Returns None when no limit applies (nothing to hold). On refusal the caller must
     roll back, undoing holds already taken on other counters. Caller commits.
     """
@@ -227,18 +257,27 @@ async def reserve(
         raise BudgetError("a reservation must not be negative")
     now = now or utcnow()
     month = month_start(now)
-    limits = await limits_for(session=session, tenant_id=tenant_id, api_key_id=api_key_id, month=month)
+    if limits is None:
+        limits = await limits_for(session=session, tenant_id=tenant_id, api_key_id=api_key_id, month=month)
     if not limits.checks:
         return None
+    balances: list[int] = []
     for counter, limit in limits.checks:
         await _ensure_counter(session, counter)
         row = _counter_row(counter)
-        result = await session.execute(
-            update(BudgetCounter)
-            .where(row, BudgetCounter.spent_pico + BudgetCounter.reserved_pico + amount_pico <= limit)
-            .values(reserved_pico=BudgetCounter.reserved_pico + amount_pico)
-        )
-        if result.rowcount != 1:  # type: ignore[attr-defined]
+        # The room is computed here, not as spent + reserved + amount in SQL, so no sum can
+        # overflow the database's 64-bit integers however large the limit.
+        room = limit - amount_pico - (pending or {}).get(counter, 0)
+        held = (
+            await session.execute(
+                update(BudgetCounter)
+                .where(row, BudgetCounter.spent_pico + BudgetCounter.reserved_pico <= room)
+                .values(reserved_pico=BudgetCounter.reserved_pico + amount_pico)
+                .returning(BudgetCounter.spent_pico, BudgetCounter.reserved_pico)
+                .execution_options(synchronize_session=False)
+            )
+        ).first()
+        if held is None:
             state = await session.scalar(select(BudgetCounter).where(row))
             assert state is not None
             raise BudgetExceededError(
@@ -248,6 +287,7 @@ async def reserve(
                 reserved_pico=state.reserved_pico,
                 needed_pico=amount_pico,
             )
+        balances.append(held.spent_pico + held.reserved_pico)
     counters = tuple(counter for counter, _ in limits.checks)
     session.add(
         BudgetReservation(
@@ -261,7 +301,7 @@ async def reserve(
         )
     )
     await session.flush()
-    return Reservation(request_id=request_id, amount_pico=amount_pico, counters=counters)
+    return Reservation(request_id=request_id, amount_pico=amount_pico, counters=counters, balances=tuple(balances))
 
 
 async def release(*, session: AsyncSession, request_id: str) -> int:

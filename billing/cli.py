@@ -204,8 +204,16 @@ def _when(text: str | None) -> datetime | None:
     return value.astimezone(UTC)
 
 
+def _usd_arg(text: str, name: str) -> int:
+    """An amount given on the command line, in pico-dollars; errors name the argument."""
+    try:
+        return usd_to_pico(text)
+    except MoneyError as exc:
+        raise MoneyError(f"{name}: {exc}") from exc
+
+
 def _limit(text: str) -> int | None:
-    return None if text.strip().lower() == "none" else usd_to_pico(text)
+    return None if text.strip().lower() == "none" else _usd_arg(text, "--monthly-limit")
 
 
 def _print_json(value: BaseModel | Sequence[BaseModel]) -> None:
@@ -472,7 +480,7 @@ async def _credits_grant(service: BillingService, args: argparse.Namespace) -> N
         grant, created = await budgets.grant_credit(
             session=session,
             tenant_id=args.tenant_id,
-            amount_pico=usd_to_pico(args.amount_usd),
+            amount_pico=_usd_arg(args.amount_usd, "amount_usd"),
             note=args.note,
             idempotency_key=args.idempotency_key,
         )

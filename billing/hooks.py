@@ -18,17 +18,17 @@ import structlog
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog
+from billing import catalog
 from billing.budgets import BudgetExceededError
 from billing.ledger import UsageCharge
 from billing.money import pico_to_usd
 from billing.pricebook import PriceBook
 from billing.prices import load_price_file
-from billing.service import BillingService, is_database_unavailable
+from billing.service import BillingService, BudgetUnavailableError
 from billing.settings import BillingSettings
 from billing.tokens import TokenCounts
 from gateway.billing_hooks import STANDARD_TTLS_S, Admission
-from gateway.errors import BillingError
+from gateway.errors import DATABASE_RETRY_AFTER_S, BillingError, DatabaseUnavailableError
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageEvent, UsageRecorder
 from kvgate.db import create_engine, session_factory
@@ -99,16 +99,15 @@ class GatewayBilling:
             )
         except BudgetExceededError as exc:
             raise BudgetExhaustedError(str(exc)) from exc
+        except BudgetUnavailableError as exc:
+            raise DatabaseUnavailableError(
+                "the database is unavailable and this request's budget cannot be checked; retry after the time "
+                "in the retry-after header",
+                retry_after_s=DATABASE_RETRY_AFTER_S,
+            ) from exc
 
     async def release(self, admission: Admission) -> None:
-        try:
-            async with self.service.sessions() as session:
-                await budgets.release(session=session, request_id=admission.request_id)
-                await session.commit()
-        except Exception as error:
-            if not is_database_unavailable(error):
-                raise
-            log.warning("billing.release_deferred", request_id=admission.request_id, error=str(error))
+        await self.service.release(request_id=admission.request_id)
 
     async def settle(self, event: UsageEvent) -> Decimal | None:
         charge = charge_from_event(event)
@@ -140,14 +139,20 @@ class SpoolingUsageRecorder:
         self._billing = billing
 
     async def record(self, event: UsageEvent) -> bool:
-        try:
-            return await self._inner.record(event)
-        except Exception as error:
-            if not is_database_unavailable(error):
-                raise
-            await self._billing.spool_event(event)
-            log.warning("billing.usage_record_spooled", request_id=event.request_id, error=str(error))
-            return True
+        health = self._billing.service.health
+        # While the database is known to be away, straight to the spool: no wait for a timeout.
+        if health.should_try():
+            try:
+                recorded = await self._inner.record(event)
+            except Exception as error:
+                if not health.observe(error):
+                    raise
+            else:
+                health.succeeded()
+                return recorded
+        await self._billing.spool_event(event)
+        log.debug("billing.usage_record_spooled", request_id=event.request_id)
+        return True
 
 
 def default_spool_path(database_url: str) -> Path:

@@ -16,8 +16,14 @@ TOKENS_PER_MTOK = 10**6
 PICO_PER_TOKEN_PER_USD_PER_MTOK = PICO_PER_USD // TOKENS_PER_MTOK
 
 
+# Amounts are stored as 64-bit pico-dollars, which top out at $9,223,372.036854775807. Money
+# people enter (a credit grant, a budget limit, a tenant's total granted credit) is capped a
+# little below, so that a limit plus the requests checked against it never overflows.
+MAX_AMOUNT_PICO = 9_000_000 * PICO_PER_USD
+
+
 class MoneyError(ValueError):
-    """An amount that cannot be represented exactly."""
+    """An amount that cannot be represented exactly, or not stored."""
 
 
 def pico_to_usd(pico: int) -> Decimal:
@@ -26,13 +32,24 @@ def pico_to_usd(pico: int) -> Decimal:
 
 
 def usd_to_pico(usd: Decimal | str | int) -> int:
-    """Parse USD into pico-dollars; refuse anything finer than a pico-dollar, never round."""
+    """Parse an amount people enter into pico-dollars: exact (never rounded) and storable
+    (at most MAX_AMOUNT_PICO in size)."""
+    pico = _parse_pico(usd)
+    if abs(pico) > MAX_AMOUNT_PICO:
+        limit = format_usd(MAX_AMOUNT_PICO // PICO_PER_CENT)
+        raise MoneyError(f"{usd} USD is more than the largest amount kvgate stores ({limit})")
+    return pico
+
+
+def _parse_pico(usd: Decimal | str | int) -> int:
     try:
         value = Decimal(usd) if not isinstance(usd, Decimal) else usd
     except (InvalidOperation, TypeError, ValueError) as exc:
         raise MoneyError(f"not a decimal amount: {usd!r}") from exc
     if not value.is_finite():
         raise MoneyError(f"not a finite amount: {usd!r}")
+    if value and value.adjusted() > 18:  # checked before int(), which would build every digit of 1e999999
+        raise MoneyError(f"{usd} USD is not a plausible amount")
     pico = value.scaleb(12)
     if pico != pico.to_integral_value():
         raise MoneyError(f"{usd} USD is finer than a pico-dollar")
@@ -44,8 +61,8 @@ def cents_to_usd(cents: int) -> Decimal:
 
 
 def usd_to_cents(usd: Decimal | str | int) -> int:
-    """Parse a USD amount given to the cent (credit notes, budgets set by people)."""
-    pico = usd_to_pico(usd)
+    """Parse a USD amount given to the cent (credit notes)."""
+    pico = _parse_pico(usd)
     if pico % PICO_PER_CENT:
         raise MoneyError(f"{usd} USD is not a whole number of cents")
     return pico // PICO_PER_CENT

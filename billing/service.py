@@ -22,6 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from billing import budgets, catalog, invoices
 from billing.budgets import BudgetExceededError, Reservation
 from billing.ledger import UsageCharge
+from billing.outage_budgets import BudgetUnknownError, OutageBudgets
+from billing.periods import month_start
 from billing.pricebook import NoPriceError, PriceBook
 from billing.prices import PriceVersion
 from billing.settings import BillingSettings
@@ -30,29 +32,24 @@ from billing.spool import ReplayResult, Spool
 from billing.tokens import TokenCounts
 from gateway.models import UsageRecord
 from kvgate.db import insert_ignore, utcnow
+from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
+
+__all__ = ["BillingService", "BudgetUnavailableError", "SettleOutcome", "is_database_unavailable"]
 
 log = structlog.get_logger(__name__)
 
 SPOOLED = Counter("kvgate_billing_spooled_total", "Settlements written to the local spool (database unavailable)")
 REPLAYED = Counter("kvgate_billing_replayed_total", "Spooled settlements replayed into the ledger", ["outcome"])
-FAIL_OPEN = Counter("kvgate_billing_admit_fail_open_total", "Requests admitted unchecked (database unavailable)")
+FAIL_OPEN = Counter(
+    "kvgate_billing_admit_fail_open_total", "Requests admitted from the in-memory budgets (database unavailable)"
+)
 
 SPOOL_RECORD_VERSION = 1
 
 
-def is_database_unavailable(error: BaseException) -> bool:
-    """Errors that mean 'the database is not there right now' (retry later), not 'this write is wrong'."""
-    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
-        return True
-    return isinstance(
-        error,
-        sa_exc.OperationalError
-        | sa_exc.InterfaceError
-        | sa_exc.DisconnectionError
-        | sa_exc.TimeoutError
-        | OSError
-        | TimeoutError,
-    )
+class BudgetUnavailableError(Exception):
+    """The database cannot be reached and the request's budget cannot be checked from memory
+    (budget_fail_open is off, or this tenant was never admitted since start-up): retry later."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +68,18 @@ class BillingService:
         settings: BillingSettings,
         pricebook: PriceBook,
         clock: Callable[[], datetime] = utcnow,
+        health: DatabaseHealth | None = None,
     ) -> None:
         self.sessions = sessions
         self.settings = settings
         self.pricebook = pricebook
         self.spool = Spool(settings.spool_path)
         self._clock = clock
+        # Shared with the gateway when both use one session factory: one view of the outage.
+        self.health = health or health_of(sessions)
+        self.outage = OutageBudgets()
+        # Releases the database could not take (the engine refused a request during an outage).
+        self._deferred_releases: set[str] = set()
 
     @classmethod
     async def start(
@@ -137,59 +140,118 @@ class BillingService:
         prompt_tokens: int,
         max_output_tokens: int,
     ) -> Reservation | None:
-        """Reserve the worst case, or raise BudgetExceededError before the engine runs."""
+        """Reserve the worst case, or raise BudgetExceededError before the engine runs.
+
+        While the database is away the reservation is held in memory against the budget's
+        last-known state (billing.outage_budgets); BudgetUnavailableError if it cannot be.
+        """
         now = self._clock()
         amount = self.estimate_pico(
             model=model, prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, at=now
         )
-        try:
-            async with self.sessions() as session:
-                try:
-                    reservation = await budgets.reserve(
-                        session=session,
-                        request_id=request_id,
-                        tenant_id=tenant_id,
-                        api_key_id=api_key_id,
-                        amount_pico=amount,
-                        now=now,
-                    )
-                except BudgetExceededError:
-                    await session.rollback()
-                    raise
-                await session.commit()
-                return reservation
-        except BudgetExceededError:
-            raise
-        except Exception as error:
-            if not (is_database_unavailable(error) and self.settings.budget_fail_open):
+        if self.health.should_try():
+            try:
+                return await self._admit_online(
+                    request_id=request_id, tenant_id=tenant_id, api_key_id=api_key_id, amount=amount, now=now
+                )
+            except BudgetExceededError:
                 raise
-            FAIL_OPEN.inc()
-            log.warning("billing.admit_fail_open", request_id=request_id, error=str(error))
-            return None
+            except Exception as error:
+                if not self.health.observe(error):
+                    raise
+        if not self.settings.budget_fail_open:
+            raise BudgetUnavailableError("budgets cannot be checked while the database is unavailable")
+        try:
+            self.outage.admit(
+                request_id=request_id, tenant_id=tenant_id, api_key_id=api_key_id, amount_pico=amount, now=now
+            )
+        except BudgetUnknownError as exc:
+            raise BudgetUnavailableError(str(exc)) from exc
+        FAIL_OPEN.inc()
+        log.debug("billing.admitted_from_memory", request_id=request_id, tenant_id=tenant_id)
+        return None
+
+    async def _admit_online(
+        self, *, request_id: str, tenant_id: str, api_key_id: str | None, amount: int, now: datetime
+    ) -> Reservation | None:
+        async with self.sessions() as session:
+            limits = await budgets.limits_for(
+                session=session, tenant_id=tenant_id, api_key_id=api_key_id, month=month_start(now)
+            )
+            try:
+                reservation = await budgets.reserve(
+                    session=session,
+                    request_id=request_id,
+                    tenant_id=tenant_id,
+                    api_key_id=api_key_id,
+                    amount_pico=amount,
+                    now=now,
+                    limits=limits,
+                    pending=self.outage.pending(),
+                )
+            except BudgetExceededError:
+                await session.rollback()
+                raise
+            await session.commit()
+        self.health.succeeded()
+        self.outage.remember(
+            tenant_id=tenant_id,
+            api_key_id=api_key_id,
+            limits=limits,
+            balances=reservation.balances if reservation else (),
+        )
+        return reservation
+
+    async def release(self, *, request_id: str) -> None:
+        """Undo an admission whose request never ran; deferred to upkeep while the database is away."""
+        self.outage.release(request_id=request_id)
+        if self.health.should_try():
+            try:
+                async with self.sessions() as session:
+                    await budgets.release(session=session, request_id=request_id)
+                    await session.commit()
+                self.health.succeeded()
+                return
+            except Exception as error:
+                if not self.health.observe(error):
+                    raise
+        self._deferred_releases.add(request_id)
+
+    async def _release_deferred(self) -> None:
+        for request_id in list(self._deferred_releases):
+            async with self.sessions() as session:
+                await budgets.release(session=session, request_id=request_id)
+                await session.commit()
+            self._deferred_releases.discard(request_id)
 
     async def settle(self, charge: UsageCharge) -> SettleOutcome:
         """Write the ledger entry and settle the budget; spool it if the database is away."""
         version = self.price_for(charge.model, charge.started_at)
-        try:
-            async with self.sessions() as session:
-                settlement = await settle_charge(
-                    session=session, charge=charge, version=version, source="live", now=self._clock()
+        if self.health.should_try():
+            try:
+                async with self.sessions() as session:
+                    settlement = await settle_charge(
+                        session=session, charge=charge, version=version, source="live", now=self._clock()
+                    )
+                    await session.commit()
+            except Exception as error:
+                if not self.health.observe(error):
+                    raise
+            else:
+                self.health.succeeded()
+                self.outage.settled(request_id=charge.request_id, cost_pico=settlement.cost_pico)
+                return SettleOutcome(
+                    cost_pico=settlement.cost_pico,
+                    price_version_id=version.id,
+                    spooled=False,
+                    duplicate=not settlement.inserted,
                 )
-                await session.commit()
-        except Exception as error:
-            if not is_database_unavailable(error):
-                raise
-            await asyncio.to_thread(self.spool.append, spool_record(charge, version))
-            SPOOLED.inc()
-            log.warning("billing.settlement_spooled", request_id=charge.request_id, error=str(error))
-            cost = version.cost_pico(charge.counts)
-            return SettleOutcome(cost_pico=cost, price_version_id=version.id, spooled=True, duplicate=False)
-        return SettleOutcome(
-            cost_pico=settlement.cost_pico,
-            price_version_id=version.id,
-            spooled=False,
-            duplicate=not settlement.inserted,
-        )
+        await asyncio.to_thread(self.spool.append, spool_record(charge, version))
+        SPOOLED.inc()
+        cost = version.cost_pico(charge.counts)
+        self.outage.spooled(request_id=charge.request_id, cost_pico=cost)
+        log.debug("billing.settlement_spooled", request_id=charge.request_id)
+        return SettleOutcome(cost_pico=cost, price_version_id=version.id, spooled=True, duplicate=False)
 
     def quote(self, charge: UsageCharge) -> SettleOutcome:
         """The cost of a charge from the in-memory catalog, touching no database."""
@@ -205,12 +267,23 @@ class BillingService:
         record = {**spool_record(charge, version), "usage_record": _jsonable(usage_record)}
         await asyncio.to_thread(self.spool.append, record)
         SPOOLED.inc()
-        return self.quote(charge)
+        outcome = self.quote(charge)
+        self.outage.spooled(request_id=charge.request_id, cost_pico=outcome.cost_pico)
+        return outcome
 
     # -- spool -----------------------------------------------------------------------
 
     async def replay_spool(self) -> ReplayResult:
-        return await self.spool.replay(self._apply_spooled)
+        try:
+            result = await self.spool.replay(self._apply_spooled)
+        except Exception as error:
+            self.health.observe(error)
+            raise
+        if result.records:  # they reached the database: it is back
+            self.health.succeeded()
+        if not self.spool.has_pending():
+            self.outage.reconciled()  # the database now counts what was spent meanwhile
+        return result
 
     async def _apply_spooled(self, records: list[dict[str, Any]]) -> int:
         """Settle a batch in one transaction. A record the database refuses (not merely an outage)
@@ -301,6 +374,8 @@ class BillingService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.spool_replay_interval_s)
             try:
+                if self._deferred_releases:
+                    await self._release_deferred()
                 if self.spool.has_pending():
                     result = await self.replay_spool()
                     if result.records:
@@ -313,8 +388,10 @@ class BillingService:
                     if self.settings.auto_finalize_invoices:
                         await self.finalize_due_invoices()
             except Exception as error:  # the loop must outlive a database outage
-                level = log.info if is_database_unavailable(error) else log.exception
-                level("billing.upkeep_failed", error=str(error))
+                if self.health.observe(error):  # logged once per outage by the health
+                    log.debug("billing.upkeep_failed", error=str(error))
+                else:
+                    log.exception("billing.upkeep_failed", error=str(error))
 
 
 def spool_record(charge: UsageCharge, version: PriceVersion) -> dict[str, Any]:

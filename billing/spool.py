@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -76,7 +76,7 @@ class Spool:
     def _locked(self) -> Iterator[None]:
         # A thread lock for this process, flock for other processes sharing the spool.
         with self._thread_lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            _make_private_dir(self.path.parent)
             fd = os.open(self._lock_path, os.O_CREAT | os.O_RDWR, 0o600)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
@@ -151,7 +151,7 @@ class Spool:
     @contextmanager
     def _replay_lock(self) -> Iterator[bool]:
         # One replayer at a time across processes; a second one just skips this round.
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        _make_private_dir(self.path.parent)
         fd = os.open(self.path.with_name(self.path.name + ".replay.lock"), os.O_CREAT | os.O_RDWR, 0o600)
         try:
             try:
@@ -166,7 +166,7 @@ class Spool:
     def set_aside(self, records: list[dict[str, Any]], reason: str) -> None:
         """Keep records the database refused in `<name>.rejected` for a person to look at."""
         path = self.path.with_name(self.path.name + ".rejected")
-        with path.open("ab") as fh:
+        with _open_private_append(path) as fh:
             for record in records:
                 fh.write(encode_line({"reason": reason, "record": record}))
             fh.flush()
@@ -174,7 +174,7 @@ class Spool:
 
     def _set_aside_lines(self, lines: list[bytes]) -> None:
         corrupt_path = self.path.with_name(self.path.name + ".corrupt")
-        with corrupt_path.open("ab") as fh:
+        with _open_private_append(corrupt_path) as fh:
             for line in lines:
                 fh.write(line if line.endswith(b"\n") else line + b"\n")
             fh.flush()
@@ -193,6 +193,16 @@ def read_spool_file(file: Path) -> tuple[list[dict[str, Any]], list[bytes]]:
             else:
                 good.append(record)
     return good, bad
+
+
+def _make_private_dir(directory: Path) -> None:
+    # Usage records name tenants and keys: the spool's directory is the owner's alone when we create it.
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+
+def _open_private_append(path: Path) -> BinaryIO:
+    """Open for appending, creating the file readable by its owner only (0600)."""
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab")
 
 
 def _fsync_dir(directory: Path) -> None:

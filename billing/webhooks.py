@@ -8,6 +8,7 @@ failure while applying leaves it unclaimed for Stripe's retry.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import stripe
@@ -23,8 +24,16 @@ PAID_EVENTS = frozenset({"invoice.paid", "invoice.payment_succeeded"})
 FAILED_EVENTS = frozenset({"invoice.payment_failed"})
 
 
+# Stripe's ids are short ASCII; anything longer or stranger is not a Stripe event.
+MAX_ID_LENGTH = 128  # webhook_events.event_id is VARCHAR(128)
+
+
 class WebhookSignatureError(ValueError):
-    pass
+    """The request is not a Stripe event signed with our secret (a 400)."""
+
+
+class WebhookPayloadError(WebhookSignatureError):
+    """Signed, but not an event we can store (a 400)."""
 
 
 def verify(*, payload: bytes, signature: str, secret: str, tolerance_s: int = 300) -> dict[str, Any]:
@@ -35,11 +44,23 @@ def verify(*, payload: bytes, signature: str, secret: str, tolerance_s: int = 30
         raise WebhookSignatureError(f"invalid Stripe signature: {exc}") from exc
     try:
         event = json.loads(payload)
-    except ValueError as exc:
-        raise WebhookSignatureError("the signed payload is not JSON") from exc
-    if not isinstance(event, dict) or not isinstance(event.get("id"), str) or not isinstance(event.get("type"), str):
-        raise WebhookSignatureError("the payload is not a Stripe event")
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
+        raise WebhookPayloadError("the signed payload is not JSON") from exc
+    if not isinstance(event, dict):
+        raise WebhookPayloadError("the payload is not a Stripe event: expected a JSON object")
+    for field in ("id", "type"):
+        if not _is_plain_id(event.get(field)):
+            raise WebhookPayloadError(
+                f"the payload is not a Stripe event: {field!r} must be a printable string of 1 to "
+                f"{MAX_ID_LENGTH} characters"
+            )
     return event
+
+
+def _is_plain_id(value: Any) -> bool:
+    # Printable excludes NUL (which PostgreSQL text cannot hold) and lone surrogates (which no
+    # database driver can encode).
+    return isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH and value.isprintable()
 
 
 async def handle_stripe_webhook(
@@ -52,8 +73,8 @@ async def handle_stripe_webhook(
             WebhookEvent,
             {
                 "source": SOURCE,
-                "event_id": event["id"][:128],
-                "event_type": event["type"][:128],
+                "event_id": event["id"],
+                "event_type": event["type"],
                 "payload": payload.decode("utf-8"),
                 "outcome": "received",
                 "received_at": utcnow(),
@@ -65,7 +86,7 @@ async def handle_stripe_webhook(
         outcome = await _apply(session, event)
         await session.execute(
             update(WebhookEvent)
-            .where(WebhookEvent.source == SOURCE, WebhookEvent.event_id == event["id"][:128])
+            .where(WebhookEvent.source == SOURCE, WebhookEvent.event_id == event["id"])
             .values(outcome=outcome[:200])
         )
         await session.commit()
@@ -76,7 +97,10 @@ async def _apply(session: AsyncSession, event: dict[str, Any]) -> str:
     kind = event["type"]
     if kind not in PAID_EVENTS | FAILED_EVENTS:
         return "ignored"
-    obj = (event.get("data") or {}).get("object") or {}
+    data = event.get("data")
+    obj = data.get("object") if isinstance(data, dict) else None
+    if not isinstance(obj, dict):
+        return "ignored: no invoice object"
     invoice_id = await _our_invoice(session, obj)
     if invoice_id is None:
         return "unknown invoice"
@@ -89,14 +113,18 @@ async def _apply(session: AsyncSession, event: dict[str, Any]) -> str:
     return f"invoice {invoice_id} {invoice.status}"
 
 
+# Our invoice ids are 64-bit integers, written in ASCII digits.
+_INVOICE_ID = re.compile(r"[0-9]{1,18}")
+
+
 async def _our_invoice(session: AsyncSession, obj: dict[str, Any]) -> int | None:
     stripe_id = obj.get("id")
-    if isinstance(stripe_id, str):
+    if _is_plain_id(stripe_id):
         found = await session.scalar(select(Invoice.id).where(Invoice.stripe_invoice_id == stripe_id))
         if found is not None:
             return found
-    ours = (obj.get("metadata") or {}).get("kvgate_invoice_id")
-    if isinstance(ours, str) and ours.isdigit():
-        found = await session.scalar(select(Invoice.id).where(Invoice.id == int(ours)))
-        return found
+    metadata = obj.get("metadata")
+    ours = metadata.get("kvgate_invoice_id") if isinstance(metadata, dict) else None
+    if isinstance(ours, str) and _INVOICE_ID.fullmatch(ours):
+        return await session.scalar(select(Invoice.id).where(Invoice.id == int(ours)))
     return None

@@ -30,6 +30,7 @@ from gateway.state import Gateway
 from gateway.usage import DatabaseUsageRecorder, UsageRecorder
 from kvgate import __version__
 from kvgate.db import create_engine, session_factory
+from kvgate.db_health import health_of
 
 # Billing plugs in by defining create_billing_hooks(*, sessions, settings) -> BillingHooks here.
 BILLING_HOOKS_MODULE = "billing.hooks"
@@ -131,11 +132,16 @@ def create_app(
             billing=hooks,
             secret=secret,
             admin=admin,
-            auth_cache=PrincipalCache(settings.auth_cache_ttl_s),
+            auth_cache=PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s),
             metrics=GatewayMetrics(engine),
             cpu=CpuPool(settings.request_threads),
+            db_health=health_of(db),
         )
         app.state.gateway = gw
+        # Connections pooled before an outage may have died with it: start afresh when it ends.
+        gw.db_health.add_recovery_hook(lambda: db.sync_engine.dispose(close=False))
+        if own_recorder is not None:
+            gw.db_health.add_recovery_hook(own_recorder.drop_pooled_connections)
         try:
             yield
         finally:
@@ -156,6 +162,10 @@ def create_app(
         version=__version__,
         description="A multi-tenant prompt-caching LLM gateway: Anthropic Messages and OpenAI Chat Completions.",
         lifespan=lifespan,
+        # The schema maps every route and field; it is served only when asked for.
+        docs_url="/docs" if settings.expose_docs else None,
+        redoc_url="/redoc" if settings.expose_docs else None,
+        openapi_url="/openapi.json" if settings.expose_docs else None,
     )
     app.include_router(api_router)
     _include_billing_routes(app)

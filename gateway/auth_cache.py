@@ -1,9 +1,14 @@
-"""Recently authenticated API keys, kept for a couple of seconds to spare a database read per request.
+"""Recently authenticated API keys: fresh for a couple of seconds, last-known-good for longer.
 
-Revoking a key or suspending a tenant through the admin API evicts at once; a
-change made elsewhere (the CLI, another gateway process) takes effect within the
-TTL (KVGATE_AUTH_CACHE_TTL_S, 0 to disable). A key's expiry is checked on every
-use, cached or not.
+A fresh entry (younger than KVGATE_AUTH_CACHE_TTL_S, 0 to disable) spares a database
+read per request. An older one is only used while the database cannot be reached, and
+only until KVGATE_AUTH_STALE_TTL_S after the database last accepted the key (0 to
+disable), so a database outage does not lock out the tenants that were just working.
+
+Revoking a key or suspending a tenant through the admin API evicts at once, and a key
+the database refuses (401/403) is evicted when it does; a change made elsewhere (the
+CLI, another gateway process) takes effect within the fresh TTL. A key's expiry is
+checked on every use, cached or not.
 """
 
 from __future__ import annotations
@@ -16,29 +21,53 @@ from gateway.services.keys import Principal
 
 
 class PrincipalCache:
-    def __init__(self, ttl_s: float, *, max_entries: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        *,
+        stale_ttl_s: float = 0.0,
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.ttl_s = ttl_s
+        self.stale_ttl_s = max(stale_ttl_s, ttl_s)
         self._max_entries = max_entries
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
 
-    def get(self, key_hash: str) -> Principal | None:
+    def _age(self, key_hash: str) -> tuple[float, Principal] | None:
         entry = self._entries.get(key_hash)
         if entry is None:
             return None
         stored_at, principal = entry
-        if self._clock() - stored_at >= self.ttl_s:
+        age = self._clock() - stored_at
+        if age >= self.stale_ttl_s:
             del self._entries[key_hash]
             return None
-        return principal
+        return age, principal
+
+    def get(self, key_hash: str) -> Principal | None:
+        """The principal if the database accepted this key within the fresh TTL."""
+        found = self._age(key_hash)
+        if found is None or found[0] >= self.ttl_s:
+            return None
+        return found[1]
+
+    def get_stale(self, key_hash: str) -> Principal | None:
+        """The principal if the database accepted this key within the stale TTL (outages only)."""
+        found = self._age(key_hash)
+        return None if found is None else found[1]
 
     def put(self, key_hash: str, principal: Principal) -> None:
-        if self.ttl_s <= 0:
+        if self.stale_ttl_s <= 0:
             return
         self._entries[key_hash] = (self._clock(), principal)
         self._entries.move_to_end(key_hash)
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
+
+    def discard(self, key_hash: str) -> None:
+        self._entries.pop(key_hash, None)
 
     def evict(self, *, key_id: str | None = None, tenant_id: str | None = None) -> None:
         doomed = [h for h, (_, p) in self._entries.items() if p.api_key_id == key_id or p.tenant_id == tenant_id]

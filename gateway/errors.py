@@ -118,6 +118,28 @@ class OverloadedError(_RetryableError):
     openai_status = 503
 
 
+class DatabaseUnavailableError(_RetryableError):
+    """The database cannot be reached and the answer depends on it (an unknown key, a budget we
+    cannot check): retry shortly. On the model APIs Anthropic says 529 overloaded_error, OpenAI 503."""
+
+    status = 529
+    anthropic_type = "overloaded_error"
+    openai_type = "server_error"
+    openai_code = "service_unavailable"
+    openai_status = 503
+
+
+class AdminDatabaseUnavailableError(DatabaseUnavailableError):
+    """The same on the admin API and other non-model routes: a plain 503."""
+
+    status = 503
+    anthropic_type = "api_error"
+
+
+# How long clients are told to wait while the database is away.
+DATABASE_RETRY_AFTER_S = 2.0
+
+
 class ApiError(GatewayError):
     status = 500
     anthropic_type = "api_error"

@@ -219,8 +219,11 @@ class Generation:
         try:
             if await self.gw.recorder.record(event):
                 cost = await self.gw.billing.settle(event)
-        except Exception:
-            log_failure(log, "usage_record_failed", request_id=event.request_id)
+        except Exception as error:
+            if self.gw.db_health.observe(error):  # logged once per outage, not per request
+                log.debug("usage_record_failed", request_id=event.request_id, error=str(error))
+            else:
+                log_failure(log, "usage_record_failed", request_id=event.request_id)
         if self.limits.input_tokens_per_minute is not None:
             try:
                 # Cache reads do not count toward the input-token limit.

@@ -31,6 +31,12 @@ class GatewaySettings(BaseSettings):
     auth_cache_ttl_s: float = Field(
         2.0, ge=0, description="How long an authenticated key is trusted without a database read; 0 disables."
     )
+    auth_stale_ttl_s: float = Field(
+        600.0,
+        ge=0,
+        description="While the database cannot be reached, keys it accepted within this many seconds keep "
+        "working from the last-known-good cache (unknown keys get 503/529 with retry-after); 0 disables.",
+    )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     request_threads: int | None = Field(
         None,
@@ -48,6 +54,9 @@ class GatewaySettings(BaseSettings):
         5.0, gt=0, description="An idle keep-alive connection is closed after this many seconds."
     )
     log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
+    expose_docs: bool = Field(
+        False, description="Serve the API docs and schema at /docs, /redoc and /openapi.json (off: 404)."
+    )
 
 
 @lru_cache

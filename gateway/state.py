@@ -20,6 +20,7 @@ from gateway.services.keys import Principal
 from gateway.services.server_state import AdminTokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
+from kvgate.db_health import DatabaseHealth
 
 
 @dataclass
@@ -36,6 +37,7 @@ class Gateway:
     auth_cache: PrincipalCache
     metrics: GatewayMetrics
     cpu: CpuPool
+    db_health: DatabaseHealth = field(default_factory=DatabaseHealth)
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:

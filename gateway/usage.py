@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 
 from gateway.models import UsageRecord
 from kvgate.db import create_sync_engine, dialect_insert
+from kvgate.db_settings import DatabaseSettings
 
 UsageStatus = Literal["ok", "cancelled", "error"]
 Endpoint = Literal["messages", "chat.completions"]
@@ -69,10 +70,15 @@ class DatabaseUsageRecorder:
     queueing one per request.
     """
 
-    def __init__(self, database_url: str, *, max_batch: int = 500) -> None:
+    def __init__(self, database_url: str, *, max_batch: int = 500, timeouts: DatabaseSettings | None = None) -> None:
         # A synchronous engine driven from a worker thread: one thread hop per batch, where
         # the asyncio drivers take one per statement (begin, insert, commit, close).
-        self._engine = create_sync_engine(database_url, pool_size=1, max_overflow=0)
+        timeouts = timeouts or DatabaseSettings()
+        self._engine = create_sync_engine(database_url, pool_size=1, max_overflow=0, timeouts=timeouts)
+        # psycopg cannot time out a statement on a connection whose server stopped answering,
+        # so the wait for a batch is bounded here; the worker thread is freed when the
+        # connection finally breaks, and a late commit is harmless (inserts ignore repeats).
+        self._write_timeout_s = timeouts.request_timeout_s + timeouts.pool_timeout_s
         self._max_batch = max_batch
         self._pending: list[tuple[UsageEvent, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
@@ -102,13 +108,18 @@ class DatabaseUsageRecorder:
                     future.set_result(first)
 
     async def _write(self, events: list[UsageEvent]) -> set[str]:
-        return await asyncio.to_thread(self._write_sync, [asdict(event) for event in events])
+        rows = [asdict(event) for event in events]
+        return await asyncio.wait_for(asyncio.to_thread(self._write_sync, rows), self._write_timeout_s)
 
     def _write_sync(self, rows: list[dict[str, object]]) -> set[str]:
         with self._engine.begin() as conn:
             insert = dialect_insert(conn.dialect.name)
             statement = insert(UsageRecord).values(rows).on_conflict_do_nothing(index_elements=["request_id"])
             return set(conn.execute(statement.returning(UsageRecord.request_id)).scalars())
+
+    def drop_pooled_connections(self) -> None:
+        """Forget pooled connections without closing them (they may be dead); new ones are opened."""
+        self._engine.dispose(close=False)
 
     async def aclose(self) -> None:
         if self._writer is not None:

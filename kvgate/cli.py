@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -25,10 +26,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Files kvgate creates (the SQLite database and its -wal/-shm, the usage spool, the disk KV
+# tier, which holds tenants' cached prompts) are readable by the owner only.
+FILE_MODE_MASK = 0o077
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
-    return handler(args) or 0
+    previous = os.umask(FILE_MODE_MASK)
+    try:
+        return handler(args) or 0
+    finally:
+        os.umask(previous)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ through the matching synchronous drivers (sqlite3, psycopg).
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +22,7 @@ from sqlalchemy.orm import DeclarativeBase
 from sqlalchemy.types import TypeDecorator
 
 from kvgate import REPO_ROOT
+from kvgate.db_settings import DatabaseSettings
 
 # Every package that defines tables lists its models module here, so Alembic's
 # autogenerate and the drift check see one complete metadata.
@@ -96,29 +98,82 @@ def sync_url(url: str) -> str:
     return _with_driver(url, _SYNC_DRIVERS)
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    # WAL lets readers proceed during a write; busy_timeout turns lock contention
-    # between pooled connections into a short wait instead of "database is locked".
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=10000")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
+def _sqlite_pragmas(busy_timeout_ms: int) -> Any:
+    def apply(dbapi_connection: Any, _record: Any) -> None:
+        # WAL lets readers proceed during a write; busy_timeout turns lock contention
+        # between pooled connections into a short wait instead of "database is locked".
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA busy_timeout={busy_timeout_ms}")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return apply
 
 
-def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    engine = create_async_engine(async_url(url), **kwargs)
+def ensure_private_sqlite_file(url: str) -> None:
+    """Create a SQLite database file readable by its owner only (0600), if it does not exist yet.
+
+    SQLite gives the -wal and -shm files it creates beside it the database file's mode.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or not parsed.database or parsed.database == ":memory:":
+        return
+    if parsed.database.startswith("file:") or parsed.query.get("mode") == "memory":
+        return
+    path = os.path.abspath(parsed.database)
+    if os.path.exists(path) or not os.path.isdir(os.path.dirname(path)):
+        return  # a missing directory stays SQLite's error to report
+    with suppress(FileExistsError):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+
+
+def _is_memory(url: Any) -> bool:
+    return url.get_backend_name() == "sqlite" and (not url.database or url.database == ":memory:")
+
+
+def create_engine(url: str, *, timeouts: DatabaseSettings | None = None, **kwargs: Any) -> AsyncEngine:
+    """An asyncio engine (aiosqlite, asyncpg) whose connects and statements time out (KVGATE_DB_*)."""
+    timeouts = timeouts or DatabaseSettings()
+    parsed = make_url(async_url(url))
+    connect_args: dict[str, Any] = dict(kwargs.pop("connect_args", {}))
+    if parsed.get_backend_name() == "postgresql":
+        connect_args.setdefault("timeout", timeouts.connect_timeout_s)
+        # Client-side: the only timeout that works when the server (or the path to it) stops answering.
+        connect_args.setdefault("command_timeout", timeouts.statement_timeout_s)
+        server_settings = dict(connect_args.get("server_settings", {}))
+        server_settings.setdefault("statement_timeout", str(round(timeouts.statement_timeout_s * 1000)))
+        connect_args["server_settings"] = server_settings
+    else:
+        connect_args.setdefault("timeout", timeouts.statement_timeout_s)
+    if not _is_memory(parsed) and "poolclass" not in kwargs:
+        kwargs.setdefault("pool_timeout", timeouts.pool_timeout_s)
+    ensure_private_sqlite_file(url)
+    engine = create_async_engine(parsed.render_as_string(hide_password=False), connect_args=connect_args, **kwargs)
     if engine.dialect.name == "sqlite":
-        event.listen(engine.sync_engine, "connect", _sqlite_pragmas)
+        event.listen(engine.sync_engine, "connect", _sqlite_pragmas(round(timeouts.statement_timeout_s * 1000)))
     return engine
 
 
-def create_sync_engine(url: str, **kwargs: Any) -> Engine:
-    """A synchronous engine (sqlite3, psycopg) for work done in a thread: migrations, batch writers."""
-    engine = sa_create_engine(sync_url(url), **kwargs)
+def create_sync_engine(url: str, *, timeouts: DatabaseSettings | None = None, **kwargs: Any) -> Engine:
+    """A synchronous engine (sqlite3, psycopg) for work done in a thread (batch writers), with the same
+    timeouts. psycopg has no client-side statement timeout: callers bound their wait on the thread."""
+    timeouts = timeouts or DatabaseSettings()
+    parsed = make_url(sync_url(url))
+    connect_args: dict[str, Any] = dict(kwargs.pop("connect_args", {}))
+    if parsed.get_backend_name() == "postgresql":
+        connect_args.setdefault("connect_timeout", max(1, round(timeouts.connect_timeout_s)))
+        options = f"-c statement_timeout={round(timeouts.statement_timeout_s * 1000)}"
+        connect_args["options"] = f"{connect_args['options']} {options}" if "options" in connect_args else options
+    else:
+        connect_args.setdefault("timeout", timeouts.statement_timeout_s)
+    if not _is_memory(parsed) and "poolclass" not in kwargs:
+        kwargs.setdefault("pool_timeout", timeouts.pool_timeout_s)
+    ensure_private_sqlite_file(url)
+    engine = sa_create_engine(parsed.render_as_string(hide_password=False), connect_args=connect_args, **kwargs)
     if engine.dialect.name == "sqlite":
-        event.listen(engine, "connect", _sqlite_pragmas)
+        event.listen(engine, "connect", _sqlite_pragmas(round(timeouts.statement_timeout_s * 1000)))
     return engine
 
 
@@ -150,6 +205,7 @@ def migrate(url: str, revision: str = "head") -> None:
     """Bring the database at `url` to `revision` (creating a SQLite file if needed)."""
     from alembic import command
 
+    ensure_private_sqlite_file(url)
     command.upgrade(alembic_config(url), revision)
 
 

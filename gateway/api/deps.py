@@ -8,13 +8,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.api.errors import database_unavailable_error
 from gateway.errors import AuthenticationError
 from gateway.generation import RequestContext
-from gateway.security import hash_secret
-from gateway.services.keys import authenticate
+from gateway.principals import resolve_principal
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
-from kvgate.db import utcnow
 
 
 # Dependencies are async even when they do not await: FastAPI runs plain `def`
@@ -33,9 +32,14 @@ async def get_settings(gw: GatewayDep) -> GatewaySettings:
 SettingsDep = Annotated[GatewaySettings, Depends(get_settings)]
 
 
-async def get_session(gw: GatewayDep) -> AsyncIterator[AsyncSession]:
+async def get_session(request: Request, gw: GatewayDep) -> AsyncIterator[AsyncSession]:
+    """A session for an admin route. While the database is known to be down (and no probe is
+    due) the route is not run: 503 at once instead of a wait for the timeout."""
+    if not gw.db_health.should_try():
+        raise database_unavailable_error(request.url.path)
     async with gw.sessions() as session:
         yield session
+    gw.db_health.succeeded()
 
 
 SessionDep = Annotated[AsyncSession, Depends(get_session)]
@@ -51,15 +55,7 @@ async def get_request_context(request: Request, gw: GatewayDep) -> RequestContex
     presented = request.headers.get("x-api-key") or _bearer(request)
     if not presented:
         raise AuthenticationError("x-api-key header is required")
-    digest = hash_secret(presented)
-    principal = gw.auth_cache.get(digest)
-    if principal is not None:
-        principal.check_expiry(utcnow())
-    else:
-        # A short session of its own: a streaming response must not hold a connection.
-        async with gw.sessions() as session:
-            principal = await authenticate(session, presented=presented, digest=digest)
-        gw.auth_cache.put(digest, principal)
+    principal = await resolve_principal(gw, presented=presented, path=request.url.path)
     state = request.scope["state"]
     ctx = RequestContext(
         request_id=state["request_id"],

@@ -11,6 +11,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.errors import (
+    DATABASE_RETRY_AFTER_S,
+    AdminDatabaseUnavailableError,
+    DatabaseUnavailableError,
     GatewayError,
     InvalidRequestError,
     NotFoundError,
@@ -31,6 +34,15 @@ def dialect_for(path: str, headers: Mapping[str, str]) -> Dialect:
     if path.startswith("/v1/models") and "anthropic-version" not in headers:
         return "openai"
     return "anthropic"
+
+
+def database_unavailable_error(path: str) -> DatabaseUnavailableError:
+    """The retryable error for a request that needs the database while it is away: 529/503 on the
+    model APIs (the key may well be valid), 503 on the admin API and elsewhere."""
+    message = "the database is unavailable; retry after the time in the retry-after header"
+    if path.startswith("/v1/"):
+        return DatabaseUnavailableError(message, retry_after_s=DATABASE_RETRY_AFTER_S)
+    return AdminDatabaseUnavailableError(message, retry_after_s=DATABASE_RETRY_AFTER_S)
 
 
 def render_error(error: GatewayError, *, dialect: Dialect, request_id: str | None) -> Response:

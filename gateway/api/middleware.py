@@ -12,11 +12,12 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import dialect_for, render_error
+from gateway.api.errors import database_unavailable_error, dialect_for, render_error
 from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTimeoutError, RequestTooLargeError
 from gateway.logs import log_failure
 from gateway.unicode_text import lone_surrogate, lone_surrogate_message, may_hold_surrogate
 from kvgate.db import utcnow
+from kvgate.db_health import is_database_unavailable
 
 log = structlog.get_logger("kvgate.request")
 
@@ -74,6 +75,13 @@ def _admin_text_problem(body: bytes) -> str | None:
     except ValueError:
         return None  # not JSON: FastAPI says so
     return lone_surrogate_message(*found) if found else None
+
+
+def _database_unavailable(scope: Scope, error: BaseException) -> bool:
+    gw = getattr(scope["app"].state, "gateway", None)
+    if gw is not None:
+        return gw.db_health.observe(error)
+    return is_database_unavailable(error)
 
 
 class RequestContextMiddleware:
@@ -202,10 +210,15 @@ class RequestContextMiddleware:
                     )
             except ClientDisconnect:
                 status = 499  # the client left while sending its body: nobody to answer
-            except Exception:
-                log_failure(log, "unhandled_error", path=path)
-                if not started:
-                    await fail(ApiError("Internal server error"))
+            except Exception as error:
+                if _database_unavailable(scope, error):
+                    # Logged once per outage by the database's health, not once per request.
+                    if not started:
+                        await fail(database_unavailable_error(path))
+                else:
+                    log_failure(log, "unhandled_error", path=path)
+                    if not started:
+                        await fail(ApiError("Internal server error"))
             finally:
                 seconds = time.perf_counter() - state["t0"]
                 log.info(

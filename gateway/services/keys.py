@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -20,6 +21,7 @@ from gateway.security import (
 )
 from gateway.services.tenants import get_tenant
 from kvgate.db import utcnow
+from kvgate.db_health import is_database_unavailable
 
 # last_used_at is informational; refreshing it at most this often keeps auth read-only
 # on the hot path.
@@ -121,6 +123,13 @@ async def authenticate(
     if tenant_status != TENANT_ACTIVE:
         raise PermissionDeniedError("this organization has been suspended")
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
-        await session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
-        await session.commit()
+        try:
+            await session.execute(update(ApiKey).where(ApiKey.id == key.id).values(last_used_at=now))
+            await session.commit()
+        except Exception as error:
+            # Informational: the key was just read and is valid; a lost update is not a failed request.
+            if not is_database_unavailable(error):
+                raise
+            with contextlib.suppress(Exception):  # the connection may be gone too
+                await session.rollback()
     return principal

@@ -288,7 +288,7 @@ class DiskTier:
         segment, index = divmod(slot, self.slots_per_segment)
         fd = self._fds.get(segment)
         if fd is None:
-            fd = self._fds[segment] = os.open(self._segment_path(segment), os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._fds[segment] = os.open(self._segment_path(segment), os.O_RDWR | os.O_CREAT, 0o600)
         return fd, index * self.record_size
 
     def _direct_fd(self, segment: int) -> int:
@@ -296,9 +296,9 @@ class DiskTier:
         if fd is None:
             path = self._segment_path(segment)
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_DIRECT", 0), 0o600)
             except OSError:  # e.g. tmpfs: no O_DIRECT there
-                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
             self._direct_fds[segment] = fd
         return fd
 
@@ -306,7 +306,7 @@ class DiskTier:
         return self.dir / f"seg-{segment:06d}.kvs"
 
     def _lock_dir(self) -> int:
-        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.dir / "LOCK", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

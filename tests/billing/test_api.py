@@ -8,12 +8,14 @@ import hmac
 import io
 import json
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import SimpleNamespace
 
 import httpx
 import pytest
+import stripe
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -384,3 +386,144 @@ async def test_fuzzed_ids_and_bodies_never_500(api, target, ident, body):
     method, path = target
     r = await api.request(method, path.format(ident), json=body)
     assert r.status_code < 500, r.text
+
+
+# -- money the database cannot hold (64-bit pico-dollars top out at $9,223,372.04) -----------------
+
+
+async def test_credit_grants_and_limits_beyond_what_the_database_holds_are_400s_naming_the_field(api, sessions):
+    tenant, (key,) = await make_tenant(sessions)
+    credits = f"/admin/v1/tenants/{tenant}/credits"
+    for amount in ("9200000", "9223372.036854775808", "9000000.000000000001", "999999999999"):
+        r = await api.post(credits, json={"amount_usd": amount})
+        assert r.status_code == 400, (amount, r.text)
+        assert r.json()["error"]["message"].startswith("amount_usd: "), r.text
+    r = await api.post(credits, json={"amount_usd": "9000000"})  # the largest amount kvgate stores
+    assert r.status_code == 201 and r.json()["amount_usd"] == "9000000", r.text
+    r = await api.post(credits, json={"amount_usd": "0.01"})  # the tenant's total would pass it
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("amount_usd: "), r.text
+    assert (await api.get(f"/admin/v1/tenants/{tenant}/budget")).json()["credit_granted_usd"] == "9000000"
+    for path in (f"/admin/v1/tenants/{tenant}/budget", f"/admin/v1/keys/{key}/budget"):
+        r = await api.put(path, json={"monthly_limit_usd": "9200000"})
+        assert r.status_code == 400 and r.json()["error"]["message"].startswith("monthly_limit_usd: "), r.text
+        assert (await api.put(path, json={"monthly_limit_usd": "9000000"})).status_code == 200
+    # A limit at the cap still admits requests: the check cannot overflow.
+    r = await api.put(f"/admin/v1/tenants/{tenant}/budget", json={"monthly_limit_usd": "9000000", "prepaid": True})
+    assert r.status_code == 200, r.text
+    reservation = await api.service.admit(
+        request_id=f"{tenant}-big",
+        tenant_id=tenant,
+        api_key_id=key,
+        model="m-test",
+        prompt_tokens=10**6,
+        max_output_tokens=10**6,
+    )
+    assert reservation is not None
+    # Prices are bounded the same way (a cost must fit the ledger's 64-bit column).
+    price = {"model": f"p-{tenant}", "effective_from": "2026-01-01T00:00:00Z", "output_usd_per_mtok": "1"}
+    for bad in ("1e30", "10000.0001", "NaN", "-1"):
+        r = await api.post("/admin/v1/prices", json={**price, "input_usd_per_mtok": bad})
+        assert r.status_code == 400, (bad, r.text)
+
+
+# -- signed Stripe webhooks with odd payloads ---------------------------------------------------------
+
+
+def stripe_signed(payload: bytes) -> dict[str, str]:
+    """Signed as Stripe signs: the stripe library's own helper."""
+    return {"stripe-signature": stripe.WebhookSignature.generate_signature_header(payload.decode(), SECRET)}
+
+
+@pytest.mark.parametrize(
+    ("payload", "status"),
+    [
+        (b"[]", 400),
+        (b'"evt"', 400),
+        (b"null", 400),
+        (b"{}", 400),
+        (b'{"id": "evt_1"}', 400),
+        (b'{"type": "invoice.paid"}', 400),
+        (b'{"id": 12, "type": "invoice.paid"}', 400),
+        (b'{"id": "evt_x", "type": ["invoice.paid"]}', 400),
+        (b'{"id": "evt_\\u0000", "type": "invoice.paid"}', 400),
+        (b'{"id": "evt_\\ud800", "type": "invoice.paid"}', 400),
+        (b'{"id": "' + b"e" * 10_000 + b'", "type": "invoice.paid"}', 400),
+        (b'{"id": "evt_y", "type": "invoice.paid\\u0000"}', 400),
+        (b"[" * 100_000 + b"]" * 100_000, 400),
+        (b'{"id": "evt_big", "type": "invoice.paid", "n": ' + b"9" * 5000 + b"}", 400),
+        (b"not json", 400),
+    ],
+    ids=lambda v: v.decode()[:40] if isinstance(v, bytes) else str(v),
+)
+async def test_signed_webhooks_that_are_not_stripe_events_are_400s(api, payload, status):
+    r = await api.post("/webhooks/stripe", content=payload, headers=stripe_signed(payload))
+    assert r.status_code == status, r.text
+    assert r.json()["type"] == "error"
+
+
+@pytest.mark.parametrize(
+    "obj",
+    [
+        None,
+        [],
+        "in_1",
+        {"id": 5},
+        {"id": "in_\u0000"},
+        {"id": "in_\ud800"},
+        {"id": "in_" + "x" * 5000},
+        {"metadata": []},
+        {"metadata": {"kvgate_invoice_id": "²"}},
+        {"metadata": {"kvgate_invoice_id": "9" * 40}},
+        {"metadata": {"kvgate_invoice_id": 7}},
+        {"metadata": {"kvgate_invoice_id": "-1"}},
+        {"metadata": {"kvgate_invoice_id": "1\u0000"}},
+    ],
+)
+async def test_signed_invoice_events_with_unexpected_objects_are_acknowledged_not_500s(api, obj):
+    event = {"id": f"evt_odd_{uuid.uuid4().hex}", "type": "invoice.paid", "data": {"object": obj}}
+    payload = json.dumps(event).encode()
+    r = await api.post("/webhooks/stripe", content=payload, headers=stripe_signed(payload))
+    assert r.status_code == 200, r.text
+    assert r.json()["outcome"] in ("unknown invoice", "ignored: no invoice object")
+    again = await api.post("/webhooks/stripe", content=payload, headers=stripe_signed(payload))
+    assert again.json()["outcome"] == "duplicate"  # stored once, like any event
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    event=st.one_of(
+        json_values,
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "id": st.one_of(json_values, st.text(max_size=300)),
+                "type": st.one_of(st.sampled_from(["invoice.paid", "invoice.payment_failed"]), json_values),
+                "data": st.one_of(
+                    json_values,
+                    st.fixed_dictionaries(
+                        {},
+                        optional={
+                            "object": st.one_of(
+                                json_values,
+                                st.fixed_dictionaries(
+                                    {},
+                                    optional={
+                                        "id": json_values,
+                                        "metadata": json_values
+                                        | st.dictionaries(
+                                            st.just("kvgate_invoice_id"), json_values | st.text(max_size=25)
+                                        ),
+                                    },
+                                ),
+                            )
+                        },
+                    ),
+                ),
+            },
+        ),
+    )
+)
+async def test_fuzzed_signed_webhooks_never_500(api, event):
+    payload = json.dumps(event).encode()
+    r = await api.post("/webhooks/stripe", content=payload, headers=stripe_signed(payload))
+    assert r.status_code in (200, 400), r.text

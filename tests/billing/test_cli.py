@@ -127,6 +127,11 @@ def test_budget_price_and_spool_commands(db, capsys):
         (("budgets", "set", "nope", "--monthly-limit", "1"), "no tenant"),
         (("budgets", "set", "ten_cli", "--monthly-limit", "1.0000000000001"), "pico-dollar"),
         (("credits", "grant", "ten_cli", "-1"), "positive"),
+        # Beyond what a 64-bit pico-dollar column holds: a clear error naming the argument, not a crash.
+        (("credits", "grant", "ten_cli", "9200000"), "amount_usd: 9200000 USD is more than the largest amount"),
+        (("credits", "grant", "ten_cli", "1e999999"), "amount_usd"),
+        (("budgets", "set", "ten_cli", "--monthly-limit", "9223372.036854775808"), "--monthly-limit"),
+        (("budgets", "set-key", "key_cli", "--monthly-limit", "10000000"), "--monthly-limit"),
         (("prices", "add", "m", "--effective-from", "2026-05-01", "--input", "1", "--output", "1"), "time zone"),
         (
             (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 from datetime import UTC, datetime
 
 import pytest
@@ -12,7 +13,7 @@ from sqlalchemy.engine import make_url
 
 from billing.ledger import UsageCharge
 from billing.models import LedgerEntry
-from billing.service import BillingService, parse_spool_record, spool_record
+from billing.service import BillingService, BudgetUnavailableError, parse_spool_record, spool_record
 from billing.settings import BillingSettings
 from billing.spool import Spool, decode_line, encode_line
 from billing.tokens import TokenCounts
@@ -133,6 +134,9 @@ async def test_database_outage_spools_then_replays_exactly_once(db_url, priceboo
         charges = [charge(tenant, key, i) for i in range(30)]
         live = [await svc.settle(c) for c in charges[:10]]
         assert not any(o.spooled for o in live)
+        admit = {"tenant_id": tenant, "api_key_id": key, "model": "m-test", "prompt_tokens": 1, "max_output_tokens": 1}
+        assert await svc.admit(request_id="x0", **admit) is None  # no limits; its budget state is now known
+        stranger, (stranger_key,) = await make_tenant(real_sessions)
         down.set()
         if proxy:
             proxy.cut()
@@ -140,11 +144,9 @@ async def test_database_outage_spools_then_replays_exactly_once(db_url, priceboo
         assert all(o.spooled for o in spooled) and svc.spool.pending() == 15
         # A request that was admitted before the outage and is retried during it spools again: still one entry.
         assert (await svc.settle(charges[3])).spooled
-        assert (
-            await svc.admit(
-                request_id="x", tenant_id=tenant, api_key_id=key, model="m-test", prompt_tokens=1, max_output_tokens=1
-            )
-        ) is None  # fail-open
+        assert await svc.admit(request_id="x", **admit) is None  # admitted from memory: it has no limits
+        with pytest.raises(BudgetUnavailableError):  # never admitted online: its budget is unknown
+            await svc.admit(request_id="y", **{**admit, "tenant_id": stranger, "api_key_id": stranger_key})
         with pytest.raises(Exception):  # noqa: B017 - replay during the outage fails and keeps the file
             await svc.replay_spool()
         assert svc.spool.pending() == 16
@@ -179,3 +181,18 @@ async def test_database_outage_spools_then_replays_exactly_once(db_url, priceboo
         await engine.dispose()
         if proxy:
             await proxy.stop()
+
+
+def test_spool_files_are_readable_by_their_owner_only(tmp_path):
+    previous = os.umask(0o022)  # a permissive umask, as many systems have
+    try:
+        spool = Spool(tmp_path / "spool" / "usage.jsonl")
+        spool.append({"i": 0})
+        spool.set_aside([{"i": 1}], "refused")
+        spool._set_aside_lines([b"torn"])
+    finally:
+        os.umask(previous)
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "spool").iterdir()}
+    assert {"usage.jsonl", "usage.jsonl.lock", "usage.jsonl.rejected", "usage.jsonl.corrupt"} <= set(modes)
+    assert all(mode == 0o600 for mode in modes.values()), {k: oct(v) for k, v in modes.items()}
+    assert stat.S_IMODE((tmp_path / "spool").stat().st_mode) == 0o700

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -51,6 +52,20 @@ def test_tenants_and_keys_commands(cli_db: str, capsys: pytest.CaptureFixture[st
     assert run(capsys, "tenants", "suspend", tenant_id)[1].strip().endswith("suspended")
 
 
+def test_cli_creates_the_database_readable_by_its_owner_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KVGATE_DATABASE_URL", f"sqlite:///{tmp_path / 'fresh.db'}")
+    previous = os.umask(0o022)  # a permissive umask, as many systems have
+    try:
+        code, out, _ = run(capsys, "tenants", "create", "Private Co")
+    finally:
+        os.umask(previous)
+    assert code == 0 and "created tenant" in out
+    files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.glob("fresh.db*")}
+    assert "fresh.db" in files and all(mode == 0o600 for mode in files.values()), files
+
+
 def test_cli_errors_are_messages_not_tracebacks(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "keys", "create", "ten_missing")
     assert code == 1 and "tenant 'ten_missing' not found" in err
@@ -76,6 +91,8 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
+        # A permissive umask, as many systems have: kvgate must not leave world-readable files.
+        preexec_fn=lambda: os.umask(0o022),
     )
     try:
         deadline = time.monotonic() + 180
@@ -88,6 +105,12 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
                 assert time.monotonic() < deadline, "kvgate serve did not come up"
                 time.sleep(0.2)
         assert health.json()["model"] == "tiny-llama-v1"
+        # The database and its WAL files hold keys' hashes, the salt secret and usage: owner only.
+        files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.glob("kvgate.db*")}
+        assert {"kvgate.db", "kvgate.db-wal", "kvgate.db-shm"} <= set(files), files
+        assert all(mode == 0o600 for mode in files.values()), {k: oct(v) for k, v in files.items()}
+        for path in ("/docs", "/openapi.json"):  # off unless KVGATE_EXPOSE_DOCS is set
+            assert httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).status_code == 404
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     finally:

@@ -48,3 +48,30 @@ def test_client_salt_only_partitions_inside_the_tenant() -> None:
     assert tenant_salt("s", "ten_a", "ten_b") != tenant_salt("s", "ten_b")
     # The separator keeps (tenant, value) pairs that concatenate alike apart.
     assert tenant_salt("s", "ten_a", "bc") != tenant_salt("s", "ten_ab", "c")
+
+
+# -- what the server exposes and the files it leaves ------------------------------------------------
+
+
+async def test_docs_and_schema_are_served_only_when_asked_for(monkeypatch, tmp_path) -> None:
+    import httpx
+
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+
+    url = f"sqlite:///{tmp_path / 'docs.db'}"
+    # The routes answer without the lifespan (no engine, no database touched).
+    app = create_app(GatewaySettings(database_url=url))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            r = await client.get(path)
+            assert r.status_code == 404, (path, r.text)
+            assert r.json()["type"] == "error"
+    assert "/v1/messages" in app.openapi()["paths"]  # the schema still exists for tests (schemathesis)
+
+    monkeypatch.setenv("KVGATE_EXPOSE_DOCS", "1")
+    app = create_app(GatewaySettings(database_url=url))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
+        assert "/v1/messages" in (await client.get("/openapi.json")).json()["paths"]
+        assert (await client.get("/docs")).status_code == 200
+        assert (await client.get("/redoc")).status_code == 200

@@ -1,0 +1,58 @@
+"""Who is calling: the presented key, checked against the auth cache, the database, and during a
+database outage the last-known-good cache.
+
+- A fresh cache entry is used as is (expiry still checked).
+- Otherwise the database decides; a key it refuses is evicted from the cache.
+- If the database cannot be reached (or is known to be down and no probe is due), a key
+  the database accepted within KVGATE_AUTH_STALE_TTL_S keeps working; any other key gets a
+  retryable 529/503, never a 401, since it may well be valid.
+"""
+
+from __future__ import annotations
+
+from gateway.api.errors import database_unavailable_error
+from gateway.errors import AuthenticationError, PermissionDeniedError
+from gateway.security import hash_secret, looks_like_api_key
+from gateway.services.keys import Principal, authenticate
+from gateway.state import Gateway
+from kvgate.db import utcnow
+
+
+async def resolve_principal(gw: Gateway, *, presented: str, path: str) -> Principal:
+    """The principal for a presented API key, or a 401/403, or a retryable error during an outage."""
+    if not looks_like_api_key(presented):
+        raise AuthenticationError("invalid x-api-key")  # no database could make this one valid
+    digest = hash_secret(presented)
+    principal = gw.auth_cache.get(digest)
+    if principal is None:
+        principal = await _from_database(gw, presented=presented, digest=digest, path=path)
+    principal.check_expiry(utcnow())
+    return principal
+
+
+async def _from_database(gw: Gateway, *, presented: str, digest: str, path: str) -> Principal:
+    health = gw.db_health
+    if not health.should_try():
+        return _last_known_good(gw, digest=digest, path=path)
+    try:
+        # A short session of its own: a streaming response must not hold a connection.
+        async with gw.sessions() as session:
+            principal = await authenticate(session, presented=presented, digest=digest)
+    except (AuthenticationError, PermissionDeniedError):
+        health.succeeded()
+        gw.auth_cache.discard(digest)
+        raise
+    except Exception as error:
+        if not health.observe(error):
+            raise
+        return _last_known_good(gw, digest=digest, path=path)
+    health.succeeded()
+    gw.auth_cache.put(digest, principal)
+    return principal
+
+
+def _last_known_good(gw: Gateway, *, digest: str, path: str) -> Principal:
+    principal = gw.auth_cache.get_stale(digest)
+    if principal is None:
+        raise database_unavailable_error(path)
+    return principal
