@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -33,6 +34,16 @@ class GatewaySettings(BaseSettings):
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
+    inflight_journal: bool = Field(
+        True,
+        description="Journal each admitted request on local disk (fdatasync, group commit) before the engine starts "
+        "it, so that after a crash it gets an `interrupted` usage record and its budget reservation is released.",
+    )
+    inflight_journal_dir: Path | None = Field(
+        None,
+        description="Where the in-flight journal lives; unset: beside a SQLite database (`<file>.inflight/`), "
+        "else `.kvgate/inflight-<hash of the URL>/`.",
+    )
 
 
 @lru_cache

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks
 from gateway.engine import Engine
+from gateway.inflight import InflightJournal
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.ratelimit import Limits, RateLimiter
@@ -34,6 +35,8 @@ class Gateway:
     admin: AdminTokenVerifier
     auth_cache: PrincipalCache
     metrics: GatewayMetrics
+    # Admitted requests not yet recorded, on disk (None when KVGATE_INFLIGHT_JOURNAL is off).
+    journal: InflightJournal | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:
