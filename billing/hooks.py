@@ -26,12 +26,13 @@ from billing.pricebook import PriceBook
 from billing.prices import load_price_file
 from billing.service import BillingService, BudgetUnavailableError
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
+from billing.tokens import TokenCounts, billed_counts
 from gateway.billing_hooks import STANDARD_TTLS_S, Admission
 from gateway.errors import DATABASE_RETRY_AFTER_S, BillingError, DatabaseUnavailableError
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageEvent, UsageRecorder
 from kvgate.db import create_engine, session_factory
+from kvgate.db_health import is_database_unavailable
 
 log = structlog.get_logger(__name__)
 
@@ -53,13 +54,16 @@ def charge_from_event(event: UsageEvent) -> UsageCharge:
         endpoint=event.endpoint,
         status=event.status,
         started_at=event.started_at,
-        counts=TokenCounts(
-            input=event.input_tokens,
-            cache_write_5m=event.cache_write_5m_tokens,
-            cache_write_1h=event.cache_write_1h_tokens,
-            cache_write_24h=getattr(event, "cache_write_24h_tokens", 0),
-            cache_read=event.cache_read_tokens,
-            output=event.output_tokens,
+        counts=billed_counts(
+            TokenCounts(
+                input=event.input_tokens,
+                cache_write_5m=event.cache_write_5m_tokens,
+                cache_write_1h=event.cache_write_1h_tokens,
+                cache_write_24h=getattr(event, "cache_write_24h_tokens", 0),
+                cache_read=event.cache_read_tokens,
+                output=event.output_tokens,
+            ),
+            status=event.status,
         ),
         ttft_ms=event.ttft_ms,
         latency_ms=event.latency_ms,
@@ -121,6 +125,29 @@ class GatewayBilling:
             return True
         name = TTL_NAMES.get(ttl_s)
         return name is not None and self.service.allows_ttl(model=model, ttl=name)
+
+    async def replay_pending(self, *, timeout_s: float = 30.0) -> None:
+        """Replay the spool now (the gateway calls this before recovering a crashed process's requests).
+
+        Waits while another process holds the replay; gives up on a database outage, since
+        then anything recovery spools queues behind what is already there.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while await asyncio.to_thread(self.service.spool.has_pending):
+            try:
+                result = await self.service.replay_spool()
+            except Exception as error:
+                level = log.warning if is_database_unavailable(error) else log.error
+                level("billing.startup_replay_deferred", error=str(error))
+                return
+            if result.files:
+                log.info("billing.spool_replayed", **asdict(result))
+                continue
+            if loop.time() > deadline:  # another replayer, still at it
+                log.warning("billing.startup_replay_deferred", error="another process is replaying the spool")
+                return
+            await asyncio.sleep(0.1)
 
     def wrap_recorder(self, recorder: UsageRecorder) -> UsageRecorder:
         return SpoolingUsageRecorder(recorder, self)

@@ -29,7 +29,7 @@ from billing.prices import PriceVersion
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
 from billing.spool import ReplayResult, Spool
-from billing.tokens import TokenCounts
+from billing.tokens import TokenCounts, billed_counts
 from gateway.models import UsageRecord
 from kvgate.db import insert_ignore, utcnow
 from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
@@ -307,9 +307,11 @@ class BillingService:
                 charge, version_id = parse_spool_record(record)
                 version = await self._version_by_id(version_id)
                 if "usage_record" in record:
-                    await insert_ignore(
+                    inserted = await insert_ignore(
                         session, UsageRecord, _usage_record_values(record["usage_record"]), ["request_id"]
                     )
+                    if not inserted:
+                        charge = await _charge_of_stored_record(session, charge)
                 settlement = await settle_charge(
                     session=session, charge=charge, version=version, source="spool", now=self._clock()
                 )
@@ -392,6 +394,38 @@ class BillingService:
                     log.debug("billing.upkeep_failed", error=str(error))
                 else:
                     log.exception("billing.upkeep_failed", error=str(error))
+
+
+async def _charge_of_stored_record(session: AsyncSession, charge: UsageCharge) -> UsageCharge:
+    """The charge of the usage record already stored under this request id.
+
+    A spooled record loses to one already there (insert-or-ignore), so its settlement
+    must too: after a crash, the `interrupted` record recovery spooled and the request's
+    own record may both exist, and the ledger bills whichever usage_records kept.
+    """
+    row = await session.get(UsageRecord, charge.request_id)
+    if row is None:
+        return charge
+    counts = TokenCounts(
+        input=row.input_tokens,
+        cache_write_5m=row.cache_write_5m_tokens,
+        cache_write_1h=row.cache_write_1h_tokens,
+        cache_write_24h=row.cache_write_24h_tokens,
+        cache_read=row.cache_read_tokens,
+        output=row.output_tokens,
+    )
+    return UsageCharge(
+        request_id=row.request_id,
+        tenant_id=row.tenant_id,
+        api_key_id=row.api_key_id,
+        model=row.model,
+        endpoint=row.endpoint,
+        status=row.status,
+        started_at=row.started_at,
+        counts=billed_counts(counts, status=row.status),
+        ttft_ms=row.ttft_ms,
+        latency_ms=row.latency_ms,
+    )
 
 
 def spool_record(charge: UsageCharge, version: PriceVersion) -> dict[str, Any]:

@@ -74,3 +74,15 @@ class TokenCounts:
 
     def __neg__(self) -> TokenCounts:
         return TokenCounts(**{f.name: -getattr(self, f.name) for f in fields(self)})
+
+
+# Statuses billed nothing. `interrupted`: the gateway process died while the request ran (the
+# record comes from its in-flight journal at the next start-up). The client got no response and
+# no usage, as with a provider's failed request, and will retry; so it is free. Its ledger entry
+# is still written, once, with zero billed tokens; the usage record keeps the prompt counts.
+UNBILLED_STATUSES = frozenset({"interrupted"})
+
+
+def billed_counts(counts: TokenCounts, *, status: str) -> TokenCounts:
+    """What a request with this status is charged for: its counts, or nothing."""
+    return TokenCounts() if status in UNBILLED_STATUSES else counts

@@ -6,6 +6,7 @@ import importlib
 import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import structlog
 from fastapi import FastAPI
@@ -20,10 +21,12 @@ from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.cpu_pool import CpuPool
 from gateway.engine import Engine
+from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.prompt_bounds import derive_bounds
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
+from gateway.recovery import recover_interrupted
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
@@ -67,6 +70,28 @@ def _include_billing_routes(app: FastAPI) -> None:
         return
     app.include_router(module.admin_router, prefix="/admin/v1", dependencies=[AdminDep])
     app.include_router(module.public_router)
+
+
+async def recover_after_crash(
+    *,
+    hooks: BillingHooks,
+    recorder: UsageRecorder,
+    sessions: async_sessionmaker[AsyncSession],
+    journal_dir: Path,
+    metrics: GatewayMetrics | None = None,
+) -> None:
+    """Before serving: the requests a crashed process left in the journal get their records (gateway/recovery.py).
+
+    Billing's spool is replayed first (when it has a replay_pending hook), so that a record
+    spooled before the crash is in the database before recovery looks for it; with the
+    database down, recovery's own records queue behind it in the spool, in the same order.
+    """
+    replay = getattr(hooks, "replay_pending", None)
+    if replay is not None:
+        await replay()
+    await recover_interrupted(
+        directory=journal_dir, recorder=recorder, billing=hooks, sessions=sessions, metrics=metrics
+    )
 
 
 def create_app(
@@ -137,6 +162,18 @@ def create_app(
             cpu=CpuPool(settings.request_threads),
             db_health=health_of(db),
         )
+        journal_dir = settings.inflight_journal_dir or default_journal_dir(settings.database_url)
+        await recover_after_crash(
+            hooks=hooks, recorder=usage_recorder, sessions=sessions, journal_dir=journal_dir, metrics=gw.metrics
+        )
+        if settings.inflight_journal:
+            try:
+                gw.journal = InflightJournal.open(journal_dir)
+            except OSError as exc:
+                raise RuntimeError(
+                    f"cannot open the in-flight journal in {journal_dir}: {exc} "
+                    "(set KVGATE_INFLIGHT_JOURNAL_DIR, or KVGATE_INFLIGHT_JOURNAL=false to run without it)"
+                ) from exc
         app.state.gateway = gw
         # Connections pooled before an outage may have died with it: start afresh when it ends.
         gw.db_health.add_recovery_hook(lambda: db.sync_engine.dispose(close=False))
@@ -147,6 +184,8 @@ def create_app(
         finally:
             await gw.drain()
             gw.cpu.close()
+            if gw.journal is not None:
+                await gw.journal.aclose()
             close = getattr(hooks, "aclose", None)
             if close is not None:
                 await close()

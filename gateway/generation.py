@@ -9,6 +9,7 @@ settlement, exactly once per request, even when the client went away mid-stream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,6 +21,7 @@ import structlog
 from gateway.billing_hooks import Admission
 from gateway.engine import Handle
 from gateway.errors import ApiError, InvalidRequestError, OverloadedError, PromptTooLongError, RateLimitError
+from gateway.inflight import InflightEntry, JournalError
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
@@ -219,6 +221,8 @@ class Generation:
         try:
             if await self.gw.recorder.record(event):
                 cost = await self.gw.billing.settle(event)
+            # Only now: until the record and its settlement are in, a crash must leave the request open.
+            journal_end(self.gw, event.request_id)
         except Exception as error:
             if self.gw.db_health.observe(error):  # logged once per outage, not per request
                 log.debug("usage_record_failed", request_id=event.request_id, error=str(error))
@@ -282,6 +286,43 @@ async def admit_rate(gw: Gateway, *, ctx: RequestContext, counts_input_tokens: b
     return RateAdmission(limits, decision)
 
 
+async def journal_begin(gw: Gateway, *, ctx: RequestContext, admission: Admission) -> None:
+    """Make the admitted request durable in the in-flight journal before the engine starts on it.
+
+    A journal that cannot write (disk full, I/O error) refuses the request with 529/503: a
+    request that a crash could lose from billing is not run.
+    """
+    if gw.journal is None:
+        return
+    entry = InflightEntry(
+        request_id=admission.request_id,
+        tenant_id=admission.tenant_id,
+        api_key_id=admission.api_key_id,
+        model=admission.model,
+        endpoint=admission.endpoint,
+        started_at=ctx.started_at,
+        prompt_tokens=admission.prompt_tokens,
+    )
+    try:
+        await gw.journal.begin(entry)
+    except BaseException as exc:
+        # Cancelled while the write was on its way, it may still land: close it again.
+        journal_end(gw, admission.request_id)
+        if isinstance(exc, JournalError):
+            log.error("inflight_journal_failed", request_id=admission.request_id, error=str(exc))
+            raise OverloadedError(
+                "the server cannot record requests durably right now", retry_after_s=OVERLOADED_RETRY_S
+            ) from exc
+        raise
+
+
+def journal_end(gw: Gateway, request_id: str) -> None:
+    """The request is recorded (or never ran): its journal entry is closed."""
+    if gw.journal is not None:
+        with contextlib.suppress(JournalError):
+            gw.journal.end(request_id)
+
+
 async def start_generation(
     gw: Gateway, *, ctx: RequestContext, endpoint: Endpoint, prepared: Prepared, rate: RateAdmission
 ) -> Generation:
@@ -313,11 +354,18 @@ async def start_generation(
     except BaseException:
         await refund()
         raise
+    try:
+        await journal_begin(gw, ctx=ctx, admission=admission)
+    except BaseException:
+        await refund()
+        await gw.billing.release(admission)
+        raise
     cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, prepared.client_salt), regions=prepared.regions)
     submitted_at = time.perf_counter()
     try:
         handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id)
     except BaseException as exc:
+        journal_end(gw, ctx.request_id)
         await refund()
         await gw.billing.release(admission)
         if isinstance(exc, EngineOverloadedError):

@@ -52,7 +52,10 @@ class GatewayMetrics:
         self._requests.labels(route, str(status)).inc()
         self._duration.labels(route).observe(seconds)
 
-    def observe_usage(self, *, model: str, status: str, counts: TokenCounts, output: RequestOutput) -> None:
+    def observe_usage(
+        self, *, model: str, status: str, counts: TokenCounts, output: RequestOutput | None = None
+    ) -> None:
+        """One usage record; `output` is None for one recovered after a crash (the engine never finished it)."""
         categories = {
             "input": counts.input,
             "cache_write_5m": counts.write_5m,
@@ -64,7 +67,7 @@ class GatewayMetrics:
         for category, n in categories.items():
             self._tokens.labels(model, category).inc(n)
         self._records.labels(model, status).inc()
-        if self.engine_metrics is not None:
+        if self.engine_metrics is not None and output is not None:
             self.engine_metrics.record(output)
 
     def render(self) -> tuple[bytes, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -56,6 +57,16 @@ class GatewaySettings(BaseSettings):
     log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
     expose_docs: bool = Field(
         False, description="Serve the API docs and schema at /docs, /redoc and /openapi.json (off: 404)."
+    )
+    inflight_journal: bool = Field(
+        True,
+        description="Journal each admitted request on local disk (fdatasync, group commit) before the engine starts "
+        "it, so that after a crash it gets an `interrupted` usage record and its budget reservation is released.",
+    )
+    inflight_journal_dir: Path | None = Field(
+        None,
+        description="Where the in-flight journal lives; unset: beside a SQLite database (`<file>.inflight/`), "
+        "else `.kvgate/inflight-<hash of the URL>/`.",
     )
 
 

@@ -13,6 +13,7 @@ from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks
 from gateway.cpu_pool import CpuPool
 from gateway.engine import Engine
+from gateway.inflight import InflightJournal
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.ratelimit import Limits, RateLimiter
@@ -38,6 +39,8 @@ class Gateway:
     metrics: GatewayMetrics
     cpu: CpuPool
     db_health: DatabaseHealth = field(default_factory=DatabaseHealth)
+    # Admitted requests not yet recorded, on disk (None when KVGATE_INFLIGHT_JOURNAL is off).
+    journal: InflightJournal | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:

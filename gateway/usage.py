@@ -9,15 +9,18 @@ counts a request twice. Billing may wrap or replace it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import Literal, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.models import UsageRecord
 from kvgate.db import create_sync_engine, dialect_insert
 from kvgate.db_settings import DatabaseSettings
 
-UsageStatus = Literal["ok", "cancelled", "error"]
+# interrupted: the process died while the request ran; start-up records it from the in-flight journal.
+UsageStatus = Literal["ok", "cancelled", "error", "interrupted"]
 Endpoint = Literal["messages", "chat.completions"]
 
 
@@ -125,3 +128,12 @@ class DatabaseUsageRecorder:
         if self._writer is not None:
             await asyncio.gather(self._writer, return_exceptions=True)
         self._engine.dispose()
+
+
+async def load_usage_event(sessions: async_sessionmaker[AsyncSession], request_id: str) -> UsageEvent | None:
+    """The stored usage record of a request, as the event it was written from."""
+    async with sessions() as session:
+        row = await session.get(UsageRecord, request_id)
+        if row is None:
+            return None
+        return UsageEvent(**{f.name: getattr(row, f.name) for f in fields(UsageEvent)})
