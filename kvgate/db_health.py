@@ -93,6 +93,10 @@ class DatabaseHealth:
         """Run `hook` whenever the database is found again (e.g. to drop pooled connections that died)."""
         self._recovery_hooks.append(hook)
 
+    def clear_recovery_hooks(self) -> None:
+        # Hooks usually hold the engine this health is registered under: drop them at shutdown.
+        self._recovery_hooks.clear()
+
     @property
     def available(self) -> bool:
         return self._available
