@@ -40,7 +40,8 @@ class BillingSettings(BaseSettings):
     )
     budget_fail_open: bool = Field(
         True,
-        description="Admit requests when the database cannot be reached to check budgets (usage is spooled).",
+        description="While the database cannot be reached, admit requests within each tenant's last-known "
+        "budget, counting their spend in memory (usage is spooled); false: refuse them (529/503, retry-after).",
     )
     stripe_api_key: SecretStr | None = Field(
         None,

@@ -194,6 +194,7 @@ def create_app(
                 await own_recorder.aclose()
             if isinstance(rate_limiter, RedisRateLimiter):
                 await rate_limiter.close()
+            gw.db_health.clear_recovery_hooks()
             await db.dispose()
 
     app = FastAPI(

@@ -141,7 +141,9 @@ def create_engine(url: str, *, timeouts: DatabaseSettings | None = None, **kwarg
     if parsed.get_backend_name() == "postgresql":
         connect_args.setdefault("timeout", timeouts.connect_timeout_s)
         # Client-side: the only timeout that works when the server (or the path to it) stops answering.
-        connect_args.setdefault("command_timeout", timeouts.statement_timeout_s)
+        # Half a second later than the server's own, so a server that is merely slow cancels the
+        # statement itself and the connection stays usable.
+        connect_args.setdefault("command_timeout", timeouts.statement_timeout_s + 0.5)
         server_settings = dict(connect_args.get("server_settings", {}))
         server_settings.setdefault("statement_timeout", str(round(timeouts.statement_timeout_s * 1000)))
         connect_args["server_settings"] = server_settings

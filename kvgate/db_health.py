@@ -44,10 +44,27 @@ _NETWORK_ERRNOS = frozenset(
 )
 
 
+# PostgreSQL SQLSTATE classes meaning "not now" rather than "not this": connection exceptions,
+# insufficient resources (too many connections, disk full) and operator intervention (a
+# statement_timeout cancel, a shutdown, a server still starting).
+_TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "53", "57"})
+
+
+def _sqlstate(error: sa_exc.DBAPIError) -> str | None:
+    orig = error.orig
+    driver = getattr(orig, "driver_exception", None)  # asyncpg, as SQLAlchemy adapts it
+    code = getattr(orig, "sqlstate", None) or getattr(driver, "sqlstate", None)
+    return code if isinstance(code, str) else None
+
+
 def is_database_unavailable(error: BaseException) -> bool:
     """Errors that mean 'the database is not there right now' (retry later), not 'this statement is wrong'."""
-    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
-        return True
+    if isinstance(error, sa_exc.DBAPIError):
+        if error.connection_invalidated:
+            return True
+        code = _sqlstate(error)
+        if code is not None and code[:2] in _TRANSIENT_SQLSTATE_CLASSES:
+            return True
     if isinstance(
         error,
         sa_exc.OperationalError | sa_exc.InterfaceError | sa_exc.DisconnectionError | sa_exc.TimeoutError,
@@ -75,6 +92,10 @@ class DatabaseHealth:
     def add_recovery_hook(self, hook: Callable[[], None]) -> None:
         """Run `hook` whenever the database is found again (e.g. to drop pooled connections that died)."""
         self._recovery_hooks.append(hook)
+
+    def clear_recovery_hooks(self) -> None:
+        # Hooks usually hold the engine this health is registered under: drop them at shutdown.
+        self._recovery_hooks.clear()
 
     @property
     def available(self) -> bool:

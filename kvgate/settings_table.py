@@ -13,6 +13,7 @@ from kvgate import REPO_ROOT
 SETTINGS_CLASSES = (
     ("inference.settings", "EngineSettings", "engine"),
     ("gateway.settings", "GatewaySettings", "gateway"),
+    ("kvgate.db_settings", "DatabaseSettings", "database"),
     ("billing.settings", "BillingSettings", "billing"),
 )
 START, END = "<!-- settings:start -->", "<!-- settings:end -->"

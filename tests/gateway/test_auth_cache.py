@@ -58,3 +58,24 @@ def test_a_cached_key_still_expires_on_time() -> None:
     principal.check_expiry(utcnow())
     with pytest.raises(AuthenticationError, match="expired"):
         principal.check_expiry(utcnow() + timedelta(seconds=2))
+
+
+def test_last_known_good_entries_outlive_the_fresh_ttl_up_to_the_stale_ttl() -> None:
+    tick = Ticker()
+    cache = PrincipalCache(2.0, stale_ttl_s=600.0, clock=tick)
+    principal = Principal(tenant_id="ten_a", api_key_id="key_a")
+    cache.put("h", principal)
+    tick.now += 2.5
+    assert cache.get("h") is None  # not fresh: the database is asked again
+    assert cache.get_stale("h") == principal  # but it is what an outage falls back on
+    tick.now += 597.4
+    assert cache.get_stale("h") == principal
+    tick.now += 0.2
+    assert cache.get_stale("h") is None  # bounded: 600 s after the database last accepted it
+    cache.put("h", principal)
+    cache.discard("h")  # the database refused the key
+    assert cache.get_stale("h") is None
+    cache.put("h", principal)
+    cache.evict(key_id="key_a")  # revoked through the admin API
+    assert cache.get_stale("h") is None
+    assert PrincipalCache(2.0, stale_ttl_s=0).stale_ttl_s == 2.0  # 0: nothing beyond the fresh TTL
