@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -22,6 +22,7 @@ from gateway.prompt import PromptRenderer
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
+from gateway.shutdown import cleanup_budget_s, shut_down
 from gateway.state import Gateway
 from gateway.usage import DatabaseUsageRecorder, UsageRecorder
 from kvgate import __version__
@@ -120,16 +121,16 @@ def create_app(
         try:
             yield
         finally:
-            await gw.drain()
+            closers: list[tuple[str, Callable[[], Awaitable[object]]]] = []
             close = getattr(hooks, "aclose", None)
             if close is not None:
-                await close()
-            await engine.shutdown()
+                closers.append(("billing", close))
             if own_recorder is not None:
-                await own_recorder.aclose()
+                closers.append(("usage_recorder", own_recorder.aclose))
             if isinstance(rate_limiter, RedisRateLimiter):
-                await rate_limiter.close()
-            await db.dispose()
+                closers.append(("rate_limiter", rate_limiter.close))
+            closers.append(("database", db.dispose))
+            await shut_down(gw, budget_s=cleanup_budget_s(settings.shutdown_grace_s), closers=closers)
 
     app = FastAPI(
         title="kvgate",

@@ -157,6 +157,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.shutdown import request_grace_s
     from kvgate.logs import configure_logging
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -168,5 +169,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"kvgate: database {make_url(settings.database_url)!r} is migrated", file=sys.stderr, flush=True)
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None, access_log=False)
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=request_grace_s(settings.shutdown_grace_s),  # type: ignore[arg-type]
+    )
     return 0

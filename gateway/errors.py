@@ -100,6 +100,10 @@ class OverloadedError(_RetryableError):
     openai_status = 503
 
 
+class EngineUnavailableError(OverloadedError):
+    """The engine is not serving (its thread died, or the server is stopping): 529 / OpenAI 503, with retry-after."""
+
+
 class ApiError(GatewayError):
     status = 500
     anthropic_type = "api_error"

@@ -33,6 +33,12 @@ class GatewaySettings(BaseSettings):
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
     log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
+    shutdown_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="After SIGTERM, `kvgate serve` exits within this many seconds: requests in flight get two "
+        "thirds of it, then are cancelled (and recorded); the rest bounds the shutdown (engine stop, KV write-out).",
+    )
 
 
 @lru_cache
