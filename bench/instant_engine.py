@@ -41,6 +41,7 @@ class InstantHandle:
 class InstantEngine:
     model_id = "instant"
     block_size = 16
+    dead_reason: str | None = None
 
     def __init__(self, tokenizer_dir: Path, max_model_len: int = 8192) -> None:
         from transformers import AutoTokenizer
@@ -52,7 +53,7 @@ class InstantEngine:
     async def start(self) -> None:
         await asyncio.sleep(0)
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, timeout_s: float | None = None) -> None:
         await asyncio.sleep(0)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -29,6 +29,7 @@ from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from gateway.recovery import recover_interrupted
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
+from gateway.shutdown import cleanup_budget_s, shut_down
 from gateway.state import Gateway
 from gateway.usage import DatabaseUsageRecorder, UsageRecorder
 from kvgate import __version__
@@ -182,20 +183,22 @@ def create_app(
         try:
             yield
         finally:
-            await gw.drain()
-            gw.cpu.close()
+            closers: list[tuple[str, Callable[[], Awaitable[object]]]] = []
             if gw.journal is not None:
-                await gw.journal.aclose()
+                closers.append(("inflight_journal", gw.journal.aclose))
             close = getattr(hooks, "aclose", None)
             if close is not None:
-                await close()
-            await engine.shutdown()
+                closers.append(("billing", close))
             if own_recorder is not None:
-                await own_recorder.aclose()
+                closers.append(("usage_recorder", own_recorder.aclose))
             if isinstance(rate_limiter, RedisRateLimiter):
-                await rate_limiter.close()
-            gw.db_health.clear_recovery_hooks()
-            await db.dispose()
+                closers.append(("rate_limiter", rate_limiter.close))
+            closers.append(("database", db.dispose))
+            try:
+                await shut_down(gw, budget_s=cleanup_budget_s(settings.shutdown_grace_s), closers=closers)
+            finally:
+                gw.cpu.close()
+                gw.db_health.clear_recovery_hooks()
 
     app = FastAPI(
         title="kvgate",

@@ -158,6 +158,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from gateway.app import create_app
     from gateway.connections import uvicorn_options
+    from gateway.shutdown import request_grace_s
     from kvgate.logs import configure_logging
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -176,5 +177,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log_config=None,
         access_log=False,
         **uvicorn_options(settings),
+        timeout_graceful_shutdown=request_grace_s(settings.shutdown_grace_s),  # type: ignore[arg-type]
     )
     return 0

@@ -26,10 +26,12 @@ class Engine(Protocol):
     model_id: str
     max_model_len: int
     tokenizer: Any
+    # Why the engine can no longer serve (its thread died), or None: /healthz and admission read it.
+    dead_reason: str | None
 
     async def start(self) -> None: ...
 
-    async def shutdown(self) -> None: ...
+    async def shutdown(self, timeout_s: float | None = None) -> None: ...
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None

@@ -140,6 +140,10 @@ class AdminDatabaseUnavailableError(DatabaseUnavailableError):
 DATABASE_RETRY_AFTER_S = 2.0
 
 
+class EngineUnavailableError(OverloadedError):
+    """The engine is not serving (its thread died, or the server is stopping): 529 / OpenAI 503, with retry-after."""
+
+
 class ApiError(GatewayError):
     status = 500
     anthropic_type = "api_error"

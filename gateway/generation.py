@@ -20,7 +20,15 @@ import structlog
 
 from gateway.billing_hooks import Admission
 from gateway.engine import Handle
-from gateway.errors import ApiError, InvalidRequestError, OverloadedError, PromptTooLongError, RateLimitError
+from gateway.errors import (
+    ApiError,
+    EngineUnavailableError,
+    GatewayError,
+    InvalidRequestError,
+    OverloadedError,
+    PromptTooLongError,
+    RateLimitError,
+)
 from gateway.inflight import InflightEntry, JournalError
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
@@ -37,12 +45,38 @@ from inference.types import (
     SamplingParams,
     Usage,
 )
+from inference.types import EngineUnavailableError as EngineUnavailable
 from inference.types import InvalidRequestError as EngineInvalidRequest
 
 log = structlog.get_logger("kvgate.gateway")
 
 TTL_5M, TTL_1H, TTL_24H = 300, 3600, 86400
 OVERLOADED_RETRY_S = 1.0
+# A dead engine does not come back by itself (a supervisor restarts the process): retry later.
+UNAVAILABLE_RETRY_S = 10.0
+
+
+def engine_unavailable(reason: str) -> EngineUnavailableError:
+    return EngineUnavailableError(
+        f"the inference engine is unavailable ({reason}); retry later", retry_after_s=UNAVAILABLE_RETRY_S
+    )
+
+
+def check_engine(gw: Gateway) -> None:
+    """503/529 at once, before any admission work, when the engine cannot serve."""
+    reason = getattr(gw.engine, "dead_reason", None)
+    if reason is not None:
+        raise engine_unavailable(reason)
+
+
+def output_error(output: RequestOutput) -> GatewayError:
+    """The error a request the engine finished with finish_reason "error" gets, by what went wrong."""
+    message = output.error or "the engine failed while generating"
+    if output.error_kind == "invalid_request":
+        return InvalidRequestError(message)
+    if output.error_kind == "unavailable":
+        return engine_unavailable(message)
+    return ApiError(message)
 
 
 @dataclass(frozen=True)
@@ -161,7 +195,7 @@ class Generation:
         """The finished request and its response headers; a 500 if the engine failed it."""
         finished = await self.complete()
         if finished.status == "error":
-            raise ApiError(finished.output.error or "the engine failed while generating")
+            raise output_error(finished.output)
         headers = self.rate_limit_headers
         if finished.cost_usd is not None:
             headers["kvgate-cost-usd"] = str(finished.cost_usd)
@@ -328,6 +362,7 @@ async def start_generation(
 ) -> Generation:
     """Reserve the prompt's input tokens, admit the request to billing and hand it to the engine."""
     model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
+    check_engine(gw)
     principal = ctx.principal
     limits, decision = rate.limits, rate.decision
     prompt_tokens = len(prompt.token_ids)
@@ -370,6 +405,8 @@ async def start_generation(
         await gw.billing.release(admission)
         if isinstance(exc, EngineOverloadedError):
             raise OverloadedError("Overloaded", retry_after_s=OVERLOADED_RETRY_S) from exc
+        if isinstance(exc, EngineUnavailable):
+            raise engine_unavailable(str(exc)) from exc
         if isinstance(exc, EngineInvalidRequest):
             raise InvalidRequestError(str(exc)) from exc
         raise

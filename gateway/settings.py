@@ -68,6 +68,12 @@ class GatewaySettings(BaseSettings):
         description="Where the in-flight journal lives; unset: beside a SQLite database (`<file>.inflight/`), "
         "else `.kvgate/inflight-<hash of the URL>/`.",
     )
+    shutdown_grace_s: float = Field(
+        30.0,
+        gt=0,
+        description="After SIGTERM, `kvgate serve` exits within this many seconds: requests in flight get two "
+        "thirds of it, then are cancelled (and recorded); the rest bounds the shutdown (engine stop, KV write-out).",
+    )
 
 
 @lru_cache

@@ -57,5 +57,8 @@ class Gateway:
         return task
 
     async def drain(self) -> None:
-        if self.background:
-            await asyncio.gather(*self.background, return_exceptions=True)
+        """Wait for background work, including what finishing it spawns (callers bound the wait)."""
+        await asyncio.sleep(0)  # requests cancelled just now spawn their settlement on their next turn
+        while self.background:
+            # asyncio.wait, not gather: a drain cut short by its caller must not cancel the work.
+            await asyncio.wait(set(self.background))

@@ -3,14 +3,21 @@
 The engine core steps in one background thread (torch releases the GIL in its
 kernels, so the event loop stays responsive). Requests and aborts reach it through
 a locked inbox; its outputs come back to the loop with call_soon_threadsafe.
+
+Failures: a request whose own work raises is finished with an error and the others go
+on (Engine.step). If the thread itself dies, the engine is marked dead with the
+reason (dead_reason), every request in flight fails at once, and submit raises
+EngineUnavailableError; health checks report it. shutdown(timeout_s=...) returns in
+bounded time even when the thread is stuck.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -22,8 +29,11 @@ from inference.types import (
     CacheSpec,
     EngineError,
     EngineOverloadedError,
+    EngineUnavailableError,
+    ErrorKind,
     RequestOutput,
     SamplingParams,
+    TierCounts,
     TokenDelta,
     Usage,
 )
@@ -44,11 +54,17 @@ class RequestHandle:
 
     prompt_usage: Usage | None = None
 
-    def __init__(self, request_id: str, engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, request_id: str, engine: AsyncEngine, loop: asyncio.AbstractEventLoop, prompt: Sequence[int] = ()
+    ) -> None:
         self.request_id = request_id
         self._engine = engine
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._result: asyncio.Future[RequestOutput] = loop.create_future()
+        self._prompt = tuple(prompt)
+        self._tokens: list[int] = []
+        self._text: list[str] = []
+        self._submitted = time.monotonic()
 
     async def __aiter__(self) -> AsyncIterator[TokenDelta]:
         while True:
@@ -69,13 +85,44 @@ class RequestHandle:
             self._engine._abort(self.request_id)
 
     def _push(self, out: StepOutput) -> None:
+        if self._result.done():
+            return  # failed from the loop side already (see _fail)
         if out.prompt_usage is not None:
             self.prompt_usage = out.prompt_usage
         if out.token_ids or out.text:
+            self._tokens.extend(out.token_ids)
+            self._text.append(out.text)
             self._queue.put_nowait(TokenDelta(out.token_ids, out.text))
-        if out.finished is not None and not self._result.done():
+        if out.finished is not None:
             self._result.set_result(out.finished)
             self._queue.put_nowait(_DONE)
+
+    def _fail(self, message: str, kind: ErrorKind) -> None:
+        """End the request from the event loop, when the engine thread can no longer: the counts known here."""
+        if self._result.done():
+            return
+        known = self.prompt_usage
+        usage = Usage(
+            prompt_tokens=len(self._prompt),
+            cached_tokens=known.cached_tokens if known else 0,
+            cache_write_tokens=known.cache_write_tokens if known else 0,
+            completion_tokens=len(self._tokens),
+            cached_tokens_by_tier=known.cached_tokens_by_tier if known else TierCounts(),
+            cache_write_tokens_by_ttl=dict(known.cache_write_tokens_by_ttl) if known else {},
+        )
+        output = RequestOutput(
+            request_id=self.request_id,
+            prompt_token_ids=self._prompt,
+            token_ids=tuple(self._tokens),
+            text="".join(self._text),
+            finish_reason="error",
+            usage=usage,
+            latency_s=time.monotonic() - self._submitted,
+            error=message,
+            error_kind=kind,
+        )
+        self._result.set_result(output)
+        self._queue.put_nowait(_DONE)
 
 
 class AsyncEngine:
@@ -95,6 +142,7 @@ class AsyncEngine:
         self._inbox: list[tuple[str, Any]] = []
         self._handles: dict[str, RequestHandle] = {}
         self._stopping = False
+        self._dead_reason: str | None = None
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, *, clock: Clock | None = None) -> AsyncEngine:
@@ -122,17 +170,33 @@ class AsyncEngine:
             loop.call_soon_threadsafe(ready.set_exception, exc)
             return
         loop.call_soon_threadsafe(ready.set_result, None)
-        self._run()
+        try:
+            self._run()
+        except BaseException as exc:  # a bug in the loop itself: never die silently
+            self._die(exc)
 
-    async def shutdown(self) -> None:
+    async def shutdown(self, timeout_s: float | None = None) -> None:
+        """Stop stepping (requests in flight end "cancelled"), then close the core (KV write-out).
+
+        With timeout_s this returns within about that long whatever the engine does: if its
+        thread is stuck, the requests still in flight are failed from here and the core is
+        left unclosed; a write-out still running then is abandoned (a record cut short never
+        loads: see docs/architecture.md).
+        """
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join)
+        thread = self._thread
+        if thread is not None:
+            await asyncio.to_thread(thread.join, _left(deadline))
+            if thread.is_alive():
+                log.error("engine_thread_stuck_at_shutdown", in_flight=len(self._handles))
+                self._fail_handles("the engine did not stop in time", "unavailable")
+                return
             self._thread = None
         if self.core is not None:
-            await asyncio.to_thread(self.core.close)
+            await _bounded(self.core.close, _left(deadline), what="engine_close")
 
     # -- properties ---------------------------------------------------------------------
 
@@ -162,6 +226,14 @@ class AsyncEngine:
         return self._engine.clock
 
     @property
+    def dead_reason(self) -> str | None:
+        """Why the engine thread died, or None while it serves (or was stopped by shutdown)."""
+        thread = self._thread
+        if self._dead_reason is None and thread is not None and not thread.is_alive() and not self._stopping:
+            return "the engine thread is not running"
+        return self._dead_reason
+
+    @property
     def supports_tools(self) -> bool:
         template = getattr(self.tokenizer, "chat_template", None) or ""
         return "tools" in template
@@ -183,20 +255,20 @@ class AsyncEngine:
         cache: CacheSpec,
         request_id: str | None = None,
     ) -> RequestHandle:
-        """Queue a request. Raises InvalidRequestError or EngineOverloadedError at once."""
+        """Queue a request. Raises InvalidRequestError, EngineOverloadedError or EngineUnavailableError at once."""
         engine = self._engine
         assert self._loop is not None
-        if self._stopping:
-            raise EngineOverloadedError("the engine is shutting down")
+        self._check_serving()
         engine.validate(prompt_token_ids, params, cache)
         rid = request_id or f"req-{uuid.uuid4().hex}"
         with self._wake:
+            self._check_serving()  # again under the lock: _die fails exactly the handles it finds
             waiting = engine.num_waiting + sum(1 for kind, _ in self._inbox if kind == "add")
             if waiting >= self.settings.max_waiting:
                 raise EngineOverloadedError(f"{waiting} requests are already waiting")
             if rid in self._handles:
                 raise EngineError(f"request id {rid!r} is already in use")
-            handle = RequestHandle(rid, self, self._loop)
+            handle = RequestHandle(rid, self, self._loop, prompt_token_ids)
             self._handles[rid] = handle
             self._inbox.append(("add", (rid, list(prompt_token_ids), params, cache)))
             self._wake.notify()
@@ -207,6 +279,13 @@ class AsyncEngine:
     ) -> RequestOutput:
         """Submit and wait for the final output."""
         return await self.submit(prompt_token_ids, params, cache or CacheSpec()).result()
+
+    def _check_serving(self) -> None:
+        reason = self.dead_reason
+        if reason is not None:
+            raise EngineUnavailableError(f"the engine is not running: {reason}")
+        if self._stopping:
+            raise EngineUnavailableError("the engine is shutting down")
 
     def _abort(self, request_id: str) -> None:
         with self._wake:
@@ -227,15 +306,18 @@ class AsyncEngine:
             outputs = self._apply(engine, inbox)
             try:
                 outputs.extend(engine.step())
-            except Exception as exc:  # a bug must not hang every caller: fail what is in flight
+            except Exception as exc:
+                # Engine.step fails a request whose own work raises; what reaches here is a fault
+                # of the step itself. Fail what is in flight and keep serving.
                 log.exception("engine_step_failed")
-                outputs.extend(self._fail_all(engine, f"engine error: {exc}"))
+                outputs.extend(self._fail_all(engine, f"the engine failed: {type(exc).__name__}: {exc}"))
             if outputs:
                 self._dispatch(outputs)
         outputs = [o for rid in list(self._handles) if (o := engine.abort(rid)) is not None]
         self._dispatch(outputs)
 
     def _apply(self, engine: Engine, inbox: list[tuple[str, Any]]) -> list[StepOutput]:
+        """Admit and abort what the loop sent; a request that fails to be admitted fails alone."""
         outputs: list[StepOutput] = []
         for kind, payload in inbox:
             if kind == "add":
@@ -243,7 +325,11 @@ class AsyncEngine:
                 try:
                     engine.add_request(rid, prompt, params, cache)
                 except EngineError as exc:
-                    outputs.append(self._rejected(rid, prompt, str(exc)))
+                    outputs.append(self._rejected(rid, prompt, str(exc), "invalid_request"))
+                except Exception as exc:
+                    log.error("request_admission_failed", request_id=rid, exc_info=exc)
+                    message = f"the engine failed to admit this request: {type(exc).__name__}: {exc}"
+                    outputs.append(self._rejected(rid, prompt, message, "internal"))
             else:
                 out = engine.abort(payload)
                 if out is not None:
@@ -251,7 +337,7 @@ class AsyncEngine:
         return outputs
 
     @staticmethod
-    def _rejected(request_id: str, prompt: list[int], message: str) -> StepOutput:
+    def _rejected(request_id: str, prompt: list[int], message: str, kind: ErrorKind) -> StepOutput:
         usage = Usage(prompt_tokens=len(prompt), cached_tokens=0, cache_write_tokens=0, completion_tokens=0)
         output = RequestOutput(
             request_id=request_id,
@@ -261,13 +347,44 @@ class AsyncEngine:
             finish_reason="error",
             usage=usage,
             error=message,
+            error_kind=kind,
         )
         return StepOutput(request_id, (), "", finished=output)
 
     def _fail_all(self, engine: Engine, message: str) -> list[StepOutput]:
-        return [
-            out for rid in list(self._handles) if (out := engine.abort(rid, reason="error", error=message)) is not None
-        ]
+        ids = dict.fromkeys([*engine.unfinished_ids, *self._handles])
+        return [out for rid in ids if (out := engine.abort(rid, reason="error", error=message)) is not None]
+
+    def _die(self, exc: BaseException) -> None:
+        """The engine thread is ending on an exception: say so once, and fail everything in flight now."""
+        reason = f"{type(exc).__name__}: {exc}"
+        with self._wake:
+            self._dead_reason = reason
+            handles = list(self._handles.values())
+            self._inbox = []
+        log.critical("engine_thread_died", reason=reason, in_flight=len(handles), exc_info=exc)
+        message = f"the engine stopped: {reason}"
+        outputs: list[StepOutput] = []
+        for handle in handles:
+            try:  # the core's own accounting of what was computed, if it can still give it
+                out = self._engine.abort(handle.request_id, reason="error", error=message, error_kind="unavailable")
+            except Exception:
+                out = None
+            if out is not None:
+                outputs.append(out)
+        try:
+            self._dispatch(outputs)
+        finally:
+            self._fail_handles(message, "unavailable")
+
+    def _fail_handles(self, message: str, kind: ErrorKind) -> None:
+        """Fail every request still in flight from the event loop, after the outputs already on their way."""
+        with self._wake:
+            handles, self._handles = list(self._handles.values()), {}
+        loop = self._loop
+        for handle in handles:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(handle._fail, message, kind)
 
     def _dispatch(self, outputs: list[StepOutput]) -> None:
         for out in outputs:
@@ -280,3 +397,38 @@ class AsyncEngine:
                 assert loop is not None
                 if not loop.is_closed():
                     loop.call_soon_threadsafe(handle._push, out)
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
+async def _bounded(work: Callable[[], None], timeout_s: float | None, *, what: str) -> None:
+    """Run blocking work in a daemon thread and wait at most timeout_s for it.
+
+    Not asyncio.to_thread: the default executor's threads are joined when the loop and the
+    interpreter exit, so work that never ends there would keep the process alive.
+    """
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def finish(exc: BaseException | None) -> None:
+        if not done.done():
+            done.set_exception(exc) if exc is not None else done.set_result(None)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            work()
+        except BaseException as exc:
+            error = exc
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(finish, error)
+
+    threading.Thread(target=run, name=f"kvgate-{what}", daemon=True).start()
+    try:
+        await asyncio.wait_for(asyncio.shield(done), timeout_s)
+    except TimeoutError:
+        log.error("shutdown_step_cut_short", step=what, timeout_s=timeout_s)
+    except Exception:
+        log.exception("shutdown_step_failed", step=what)

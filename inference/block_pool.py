@@ -19,7 +19,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 
+import structlog
+
 from inference.hashing import BlockHash
+
+log = structlog.get_logger(__name__)
 
 
 class KVBlock:
@@ -188,7 +192,12 @@ class BlockPool:
                 if block.expires_at <= now:
                     self.num_expired_evictions += 1
                 elif self.on_evict is not None:
-                    self.on_evict(block)
+                    try:
+                        self.on_evict(block)
+                    except Exception:
+                        # Keeping an evicted block below is best effort: losing it is a later cache
+                        # miss, whereas raising here would leave this block half-allocated.
+                        log.exception("kv_evict_hook_failed", block_id=block.block_id)
                 self._uncache(block)
             block.ref_count = 1
             block.last_used = now

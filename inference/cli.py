@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -15,6 +16,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8001)
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--shutdown-grace-s",
+        type=float,
+        default=float(os.environ.get("KVGATE_SHUTDOWN_GRACE_S", "30")),
+        help="after SIGTERM, exit within this many seconds: requests in flight get two thirds of it "
+        "(default KVGATE_SHUTDOWN_GRACE_S or 30)",
+    )
     serve.set_defaults(handler=_serve)
 
 
@@ -28,7 +36,8 @@ def _serve(args: argparse.Namespace) -> int:
     from kvgate.logs import configure_logging
 
     configure_logging(args.log_level)
-    app = create_app(AsyncEngine(EngineSettings()))
+    grace = args.shutdown_grace_s
+    app = create_app(AsyncEngine(EngineSettings()), shutdown_timeout_s=grace / 3)
     # log_config=None leaves uvicorn's loggers (levels included) as configure_logging set them.
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None)
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None, timeout_graceful_shutdown=grace * 2 / 3)  # type: ignore[arg-type]
     return 0

@@ -26,11 +26,16 @@ from inference.scheduler import ScheduledChunk, Scheduler
 from inference.settings import EngineSettings
 from inference.tiers import TierManager
 from inference.types import (
+    MAX_TTL_S,
+    SEED_MAX,
+    SEED_MIN,
     CacheSpec,
+    ErrorKind,
     FinishReason,
     InvalidRequestError,
     RequestOutput,
     SamplingParams,
+    TierCounts,
     Usage,
 )
 
@@ -162,17 +167,27 @@ class Engine:
             raise InvalidRequestError(f"the prompt has {n} tokens; this model's context is {self.max_model_len} tokens")
         if any(not isinstance(t, int) or not 0 <= t < self.vocab_size for t in prompt_token_ids):
             raise InvalidRequestError(f"prompt token ids must be in [0, {self.vocab_size})")
-        if params.max_tokens < 1:
-            raise InvalidRequestError("max_tokens must be at least 1")
+        if not isinstance(params.max_tokens, int) or params.max_tokens < 1:
+            raise InvalidRequestError("max_tokens must be an integer of at least 1")
+        if not isinstance(params.top_k, int):
+            raise InvalidRequestError("top_k must be an integer")
         if not math.isfinite(params.temperature) or params.temperature < 0:
             raise InvalidRequestError("temperature must be a finite number >= 0")
         if not 0 < params.top_p <= 1:  # also refuses NaN
             raise InvalidRequestError("top_p must be in (0, 1]")
         if params.top_k < 0:
             raise InvalidRequestError("top_k must be >= 0")
+        # Checked here, not only by the servers' schemas, so that no caller can reach a value
+        # that raises deep in sampling (torch.Generator.manual_seed overflows past 64 bits).
+        if params.seed is not None and not (isinstance(params.seed, int) and SEED_MIN <= params.seed <= SEED_MAX):
+            raise InvalidRequestError(f"seed must be an integer in [{SEED_MIN}, {SEED_MAX}]")
+        if any(not isinstance(t, int) for t in params.stop_token_ids):
+            raise InvalidRequestError("stop_token_ids must be integers")
+        if any(not isinstance(s, str) for s in params.stop):
+            raise InvalidRequestError("stop must be strings")
         for region in cache.regions or ():
-            if region.end < 0 or region.ttl_s <= 0:
-                raise InvalidRequestError("cache regions need end >= 0 and ttl_s > 0")
+            if region.end < 0 or not 0 < region.ttl_s <= MAX_TTL_S:
+                raise InvalidRequestError(f"cache regions need end >= 0 and 0 < ttl_s <= {MAX_TTL_S}")
         needed = self.kv.blocks_needed(n + 1)
         if needed > self.pool.num_blocks:
             raise InvalidRequestError(f"the prompt needs {needed} KV blocks; the cache holds {self.pool.num_blocks}")
@@ -205,7 +220,7 @@ class Engine:
                 num_prompt_tokens=len(prompt), block_size=self.block_size, cache=cache, commit_blocks=len(ttls)
             ),
         )
-        self._tracked[request_id] = _Tracked(
+        tracked = _Tracked(
             request=request,
             detokenizer=IncrementalDetokenizer(self.tokenizer, params.stop),
             generator=make_generator(params, self.loaded.device),
@@ -213,17 +228,31 @@ class Engine:
             eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.loaded.eos_token_ids),
             stop_token_ids=frozenset(params.stop_token_ids),
         )
+        # Registered only once everything above has succeeded: a request that fails to build leaves nothing behind.
+        self._tracked[request_id] = tracked
         self.scheduler.add(request)
 
-    def abort(self, request_id: str, reason: FinishReason = "cancelled", error: str | None = None) -> StepOutput | None:
+    def abort(
+        self,
+        request_id: str,
+        reason: FinishReason = "cancelled",
+        error: str | None = None,
+        error_kind: ErrorKind | None = None,
+    ) -> StepOutput | None:
         """Stop a request now; it keeps what it committed and reports its usage so far."""
         tracked = self._tracked.get(request_id)
         if tracked is None:
             return None
+        if reason == "error":
+            return self._fail(tracked, error or "the engine stopped this request", error_kind or "internal")
         return self._finish(tracked, reason, error=error)
 
     def has_unfinished(self) -> bool:
         return bool(self._tracked)
+
+    @property
+    def unfinished_ids(self) -> list[str]:
+        return list(self._tracked)
 
     @property
     def num_waiting(self) -> int:
@@ -236,25 +265,93 @@ class Engine:
     # -- stepping ------------------------------------------------------------------------
 
     def step(self) -> list[StepOutput]:
-        """Schedule, run one forward pass, sample, and report what changed."""
+        """Schedule, run one forward pass, sample, and report what changed.
+
+        A failure that belongs to one request (its admission, its share of the forward
+        pass, committing its blocks, sampling, detokenizing, stop checks) finishes that
+        request with an error; the others in the step go on.
+        """
         scheduled = self.scheduler.schedule()
-        if not scheduled:
-            return []
-        chunks = [self._chunk(s) for s in scheduled]
-        logits = self.runner.execute(chunks)
-        sampling: list[_Tracked] = []
-        for s, chunk in zip(scheduled, chunks, strict=True):
+        outputs = [self._fail_on_exception(request, exc) for request, exc in self.scheduler.take_failed()]
+        work: list[tuple[ScheduledChunk, Chunk]] = []
+        for s in scheduled:
+            try:
+                work.append((s, self._chunk(s)))
+            except Exception as exc:
+                outputs.append(self._fail_on_exception(s.request, exc))
+        if not work:
+            return outputs
+        work, logits = self._execute(work, outputs)
+        sampling: list[tuple[_Tracked, int]] = []
+        row = 0
+        for s, chunk in work:
             request = s.request
-            request.num_computed_tokens = chunk.end
-            self.kv.commit_computed(request)
-            if chunk.sample:
-                sampling.append(self._tracked[request.request_id])
+            try:
+                request.num_computed_tokens = chunk.end
+                self.kv.commit_computed(request)
+            except Exception as exc:
+                outputs.append(self._fail_on_exception(request, exc))
+            else:
+                if chunk.sample:
+                    sampling.append((self._tracked[request.request_id], row))
+            row += int(chunk.sample)
         if not sampling:
-            return []
+            return outputs
+        rows = [r for _, r in sampling]
         if self.logits_observer is not None:
-            self.logits_observer([t.request.request_id for t in sampling], logits)
-        tokens = sample(logits, [t.request.params for t in sampling], [t.generator for t in sampling])
-        return [self._append_token(t, token) for t, token in zip(sampling, tokens, strict=True)]
+            self.logits_observer([t.request.request_id for t, _ in sampling], logits[rows])
+        for (tracked, _), token in zip(sampling, self._sample(logits[rows], [t for t, _ in sampling]), strict=True):
+            if isinstance(token, Exception):
+                outputs.append(self._fail_on_exception(tracked.request, token))
+                continue
+            try:
+                outputs.append(self._append_token(tracked, token))
+            except Exception as exc:
+                outputs.append(self._fail_on_exception(tracked.request, exc))
+        return outputs
+
+    def _execute(
+        self, work: list[tuple[ScheduledChunk, Chunk]], outputs: list[StepOutput]
+    ) -> tuple[list[tuple[ScheduledChunk, Chunk]], torch.Tensor]:
+        """The forward pass of the step: the work that ran and its logits (one row per sampling chunk).
+
+        If the batched pass raises, each chunk is run again alone, and only those that fail
+        alone are failed. Nothing is committed before a pass returns, so a rerun computes
+        the same KV into the same slots.
+        """
+        try:
+            return work, self.runner.execute([c for _, c in work])
+        except Exception as exc:
+            if len(work) == 1:
+                outputs.append(self._fail_on_exception(work[0][0].request, exc))
+                return [], torch.empty(0, 0)
+            log.warning("forward_pass_failed_retrying_one_by_one", requests=len(work), error=repr(exc))
+        kept, parts = [], []
+        for s, chunk in work:
+            try:
+                logits = self.runner.execute([chunk])
+            except Exception as exc:
+                outputs.append(self._fail_on_exception(s.request, exc))
+                continue
+            kept.append((s, chunk))
+            if chunk.sample:
+                parts.append(logits)
+        return kept, torch.cat(parts) if parts else torch.empty(0, 0)
+
+    def _sample(self, logits: torch.Tensor, sampling: list[_Tracked]) -> list[int | Exception]:
+        """One token per row; a row whose sampling raises gets its exception instead, the others their tokens."""
+        params, generators = [t.request.params for t in sampling], [t.generator for t in sampling]
+        try:
+            return list(sample(logits, params, generators))
+        except Exception:
+            pass
+        tokens: list[int | Exception] = []
+        for i, (p, g) in enumerate(zip(params, generators, strict=True)):
+            try:
+                tokens.extend(sample(logits[i : i + 1], [p], [g]))
+            except Exception as exc:
+                tokens.append(exc)
+        return tokens
 
     def _chunk(self, scheduled: ScheduledChunk) -> Chunk:
         request = scheduled.request
@@ -293,6 +390,7 @@ class Engine:
         *,
         new_token: int | None = None,
         error: str | None = None,
+        error_kind: ErrorKind | None = None,
     ) -> StepOutput:
         request = tracked.request
         if request.status is not RequestStatus.FINISHED:
@@ -311,10 +409,65 @@ class Engine:
             ttft_s=None if request.first_token_time is None else request.first_token_time - request.arrival_time,
             latency_s=now - request.arrival_time,
             error=error,
+            error_kind=error_kind,
         )
         new_tokens = () if new_token is None else (new_token,)
         first = output.usage if len(request.output_token_ids) == 1 and new_token is not None else None
         return StepOutput(request.request_id, new_tokens, delta, finished=output, prompt_usage=first)
+
+    def _fail_on_exception(self, request: Request, exc: Exception) -> StepOutput:
+        """A request whose own work raised: logged with its traceback, finished with an internal error."""
+        log.error("request_failed_in_engine", request_id=request.request_id, exc_info=exc)
+        tracked = self._tracked.get(request.request_id)
+        message = f"the engine failed on this request: {type(exc).__name__}: {exc}"
+        if tracked is None:  # already finished by the part that raised
+            return self._lost(request, message, "internal")
+        return self._fail(tracked, message, "internal")
+
+    def _fail(self, tracked: _Tracked, message: str, kind: ErrorKind) -> StepOutput:
+        """Finish a request with an error, whatever state the failure left it in; its blocks are freed."""
+        try:
+            return self._finish(tracked, "error", error=message, error_kind=kind)
+        except Exception:
+            log.exception("request_finish_failed", request_id=tracked.request.request_id)
+        request = tracked.request
+        self._tracked.pop(request.request_id, None)
+        if request.status is not RequestStatus.FINISHED:
+            try:
+                self.scheduler.finish(request)
+            except Exception:
+                log.exception("request_free_failed", request_id=request.request_id)
+        return self._lost(request, message, kind)
+
+    def _lost(self, request: Request, message: str, kind: ErrorKind) -> StepOutput:
+        """The error result of a request whose own state could not produce one: the counts it has."""
+        prompt = request.num_prompt_tokens
+        cached = min(request.num_cached_tokens or 0, prompt)
+        by_ttl = dict(request.write_tokens_by_ttl)
+        writes = sum(by_ttl.values())
+        if cached + writes > prompt:  # the counts that broke an invariant are not reported as written
+            by_ttl, writes = {}, 0
+        tiers = request.cached_by_tier if request.cached_by_tier.total == cached else TierCounts(device=cached)
+        usage = Usage(
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            cache_write_tokens=writes,
+            completion_tokens=len(request.output_token_ids),
+            cached_tokens_by_tier=tiers,
+            cache_write_tokens_by_ttl=by_ttl,
+        )
+        output = RequestOutput(
+            request_id=request.request_id,
+            prompt_token_ids=tuple(request.prompt_token_ids),
+            token_ids=tuple(request.output_token_ids),
+            text="",
+            finish_reason="error",
+            usage=usage,
+            latency_s=time.monotonic() - request.arrival_time,
+            error=message,
+            error_kind=kind,
+        )
+        return StepOutput(request.request_id, (), "", finished=output)
 
     @staticmethod
     def _usage(request: Request) -> Usage:

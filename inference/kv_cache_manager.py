@@ -105,10 +105,17 @@ class KVCacheManager:
         now = self.clock.now()
         ttls = [request.commit_ttls[j] if j < len(request.commit_ttls) else 0 for j in range(len(hits))]
         self.pool.touch(on_device, [t for h, t in zip(hits, ttls, strict=True) if isinstance(h, KVBlock)], now)
-        fresh = self.pool.allocate(needed, now)
-        promoted = iter(fresh[: len(below)])
-        blocks = [h if isinstance(h, KVBlock) else next(promoted) for h in hits]
-        if below and not self._promote(request, hits, blocks, ttls, now):
+        fresh: list[KVBlock] = []
+        try:
+            fresh = self.pool.allocate(needed, now)
+            promoted = iter(fresh[: len(below)])
+            blocks = [h if isinstance(h, KVBlock) else next(promoted) for h in hits]
+            loaded = not below or self._promote(request, hits, blocks, ttls, now)
+        except BaseException:
+            # Leave the pool as it was: a request that fails here must not keep blocks.
+            self.pool.release([*on_device, *fresh], now)
+            raise
+        if not loaded:
             self.pool.release([*on_device, *fresh], now)
             return False
         request.blocks = [*blocks, *fresh[len(below) :]]

@@ -31,6 +31,8 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # Requests whose admission raised, taken out of the queue for the engine to fail alone.
+        self._failed: list[tuple[Request, Exception]] = []
 
     def add(self, request: Request) -> None:
         self.waiting.append(request)
@@ -43,6 +45,11 @@ class Scheduler:
             self.waiting.remove(request)
         request.status = RequestStatus.FINISHED
         self.kv.free(request)
+
+    def take_failed(self) -> list[tuple[Request, Exception]]:
+        """The requests whose admission raised since the last call (they hold no blocks), and why."""
+        failed, self._failed = self._failed, []
+        return failed
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -84,9 +91,18 @@ class Scheduler:
         # Admitting new work right after a preemption would just thrash the pool.
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not preempted:
             request = self.waiting[0]
-            hits = self.kv.find_hits(request)
-            n = self.chunk_len(request, len(hits) * self.kv.block_size, budget)
-            if not self.kv.admit(request, hits, n):
+            try:
+                hits = self.kv.find_hits(request)
+                n = self.chunk_len(request, len(hits) * self.kv.block_size, budget)
+                admitted = self.kv.admit(request, hits, n)
+            except Exception as exc:
+                # One request's lookup or promotion raised (admit undoes its own reservations):
+                # it alone fails, and the queue behind it moves on.
+                self.waiting.popleft()
+                request.status = RequestStatus.FINISHED
+                self._failed.append((request, exc))
+                continue
+            if not admitted:
                 break
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING

@@ -6,8 +6,15 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 FinishReason = Literal["stop", "length", "cancelled", "error"]
+# Why a request ended in "error": it could not be served as given (a client error), the
+# engine failed on it (a bug), or the engine stopped or died under it (retry elsewhere/later).
+ErrorKind = Literal["invalid_request", "internal", "unavailable"]
 
 DEFAULT_TTL_S = 300
+# The longest cache TTL the engine takes (30 days); the disk tier stores TTLs as u32.
+MAX_TTL_S = 30 * 86400
+# torch's generators take seeds in [-2**63, 2**64 - 1]; anything else raises deep in sampling.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,7 @@ class RequestOutput:
     ttft_s: float | None = None
     latency_s: float = 0.0
     error: str | None = None
+    error_kind: ErrorKind | None = None  # set when finish_reason is "error"
 
 
 class EngineError(Exception):
@@ -119,3 +127,7 @@ class InvalidRequestError(EngineError):
 
 class EngineOverloadedError(EngineError):
     """The waiting queue is full; retry later."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine is not serving: its thread died (see AsyncEngine.dead_reason) or it is shutting down."""

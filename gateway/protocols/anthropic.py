@@ -10,7 +10,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag
 
 from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
-from gateway.protocols.common import OtherType, Strict, type_tag
+from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, TopK, type_tag
 
 MAX_BREAKPOINTS = 4
 TTL_SECONDS = {"5m": 300, "1h": 3600}
@@ -55,7 +55,7 @@ ToolUnion = Annotated[
 
 
 class Metadata(Strict):
-    user_id: str | None = None
+    user_id: str | None = Field(None, max_length=256)
 
 
 class CountTokensRequest(Strict):
@@ -74,11 +74,11 @@ class CountTokensRequest(Strict):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: MaxOutputTokens
     stop_sequences: list[str] | None = Field(None, max_length=16)
     temperature: float | None = Field(None, ge=0.0, le=1.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=0)
+    top_k: TopK | None = None
     stream: bool = False
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None

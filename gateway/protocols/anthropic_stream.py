@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator
 
 import structlog
 
-from gateway.generation import Finished, Generation, TokenCounts
+from gateway.generation import Finished, Generation, TokenCounts, output_error
 from gateway.logs import log_failure
 from gateway.protocols.anthropic import (
     AnthropicUsage,
@@ -90,8 +90,8 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
         finished = await gen.finish(await gen.handle.result())
         done = True
         if finished.status == "error":
-            message = finished.output.error or "the engine failed while generating"
-            yield event("error", {"type": "error", "error": {"type": "api_error", "message": message}})
+            error = output_error(finished.output)
+            yield event("error", {"type": "error", "error": {"type": error.anthropic_type, "message": error.message}})
             return
         output = finished.output
         yield event("content_block_stop", {"type": "content_block_stop", "index": 0})

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
+
+# Bounds on the numbers both APIs take, so that no value can reach the engine that it cannot
+# hold: out of range is a 400 naming the field, as at the providers.
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Above any model's context: a bound on the number, not a promise of that many tokens (the
+# gateway clips max_tokens to the context the prompt leaves).
+MAX_OUTPUT_TOKENS = 1_000_000
+
+# OpenAI documents seed as a signed 64-bit integer; torch's generators take no more.
+Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+MaxOutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
+TopK = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
 class Strict(BaseModel):

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
-from gateway.protocols.common import OtherType, Strict, type_tag
+from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
 
 RETENTION_TTL_S = {"in_memory": 300, "in-memory": 300, "24h": 86400}
 
@@ -54,15 +54,15 @@ class StreamOptions(Strict):
 class ChatCompletionRequest(Strict):
     model: str = Field(min_length=1)
     messages: list[ChatMessageParam] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: MaxOutputTokens | None = None
+    max_completion_tokens: MaxOutputTokens | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, ge=0.0, le=1.0)
     n: int | None = Field(None, ge=1, le=128)
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     user: str | None = None
     prompt_cache_key: str | None = Field(None, description="A routing hint; it does not change the cache salt.")
     prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = None
@@ -76,9 +76,12 @@ class ChatCompletionRequest(Strict):
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    logit_bias: dict[str, int] | None = None
+    logit_bias: dict[str, Annotated[int, Field(ge=-100, le=100)]] | None = Field(None, max_length=1024)
     response_format: dict[str, Any] | None = None
-    metadata: dict[str, str] | None = None
+    # OpenAI's limits: 16 pairs, keys up to 64 characters, values up to 512.
+    metadata: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]] | None = Field(
+        None, max_length=16
+    )
     store: bool | None = None
     safety_identifier: str | None = None
     service_tier: str | None = None

@@ -8,7 +8,8 @@ from typing import Any
 
 import structlog
 
-from gateway.generation import Finished, Generation
+from gateway.errors import openai_body
+from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
 from gateway.protocols.openai import (
     AssistantMessage,
@@ -70,8 +71,7 @@ async def chunk_events(
         finished = await gen.finish(await gen.handle.result())
         done = True
         if finished.status == "error":
-            message = finished.output.error or "the engine failed while generating"
-            yield event(None, {"error": {"message": message, "type": "server_error", "param": None, "code": None}})
+            yield event(None, openai_body(output_error(finished.output)))
             return
         yield chunk({}, finish_reason(finished.output.finish_reason))
         if include_usage:

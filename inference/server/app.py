@@ -14,12 +14,13 @@ from inference.server.routes import router
 from inference.server.state import ServerState
 
 
-def create_app(engine: AsyncEngine) -> FastAPI:
+def create_app(engine: AsyncEngine, *, shutdown_timeout_s: float | None = None) -> FastAPI:
     """An app serving engine with vLLM's OpenAI-compatible protocol.
 
     If the engine is not started yet, the app starts it on startup and shuts it down on
-    shutdown: it must run on the server's event loop, whose futures its handles resolve.
-    An engine started by the caller is left for the caller to shut down.
+    shutdown (within shutdown_timeout_s, if given): it must run on the server's event
+    loop, whose futures its handles resolve. An engine started by the caller is left for
+    the caller to shut down.
     """
 
     @asynccontextmanager
@@ -31,7 +32,7 @@ def create_app(engine: AsyncEngine) -> FastAPI:
             yield
         finally:
             if owned:
-                await engine.shutdown()
+                await engine.shutdown(timeout_s=shutdown_timeout_s)
 
     app = FastAPI(title="kvgate engine server", lifespan=lifespan)
     app.state.kvgate = ServerState(engine=engine, metrics=EngineMetrics(engine))

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from inference.server.protocol import ErrorInfo, ErrorResponse
-from inference.types import EngineOverloadedError, InvalidRequestError
+from inference.types import EngineOverloadedError, EngineUnavailableError, InvalidRequestError
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +32,8 @@ _TYPES = {
 
 
 _TYPE_NAMES = {"str", "int", "float", "bool", "dict", "list"}
+# A dead engine does not come back by itself (a supervisor restarts the process).
+UNAVAILABLE_RETRY_S = 10
 
 
 class APIError(Exception):
@@ -93,6 +95,12 @@ async def _on_overloaded(_: Request, exc: Exception) -> JSONResponse:
     return response
 
 
+async def _on_unavailable(_: Request, exc: Exception) -> JSONResponse:
+    response = error_response(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
+    response.headers["retry-after"] = str(UNAVAILABLE_RETRY_S)
+    return response
+
+
 async def _on_http_error(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     return error_response(exc.status_code, str(exc.detail))
@@ -108,5 +116,6 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _on_validation_error)
     app.add_exception_handler(InvalidRequestError, _on_invalid_request)
     app.add_exception_handler(EngineOverloadedError, _on_overloaded)
+    app.add_exception_handler(EngineUnavailableError, _on_unavailable)
     app.add_exception_handler(StarletteHTTPException, _on_http_error)
     app.add_exception_handler(Exception, _on_unexpected)

@@ -12,12 +12,22 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from inference.types import MAX_TTL_S
+
+# Every number has bounds, so that no value reaches the engine that it cannot hold: out of
+# range is a 400 naming the field.
+INT32_MAX = 2**31 - 1
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Probability = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
-MaxTokens = Annotated[int, Field(ge=1)]
+# Above any model's context; the engine clips to what the prompt leaves.
+MaxTokens = Annotated[int, Field(ge=1, le=1_000_000)]
 # torch generators take 64-bit seeds; anything wider would fail deep in the engine.
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
-TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+TokenIds = list[Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]]
+MAX_STOP_STRINGS = 64
+MAX_STOP_TOKEN_IDS = 1024
+MAX_SALT_CHARS = 256
+MAX_REGIONS = 16
 
 
 class _Body(BaseModel):
@@ -32,8 +42,8 @@ class StreamOptions(_Body):
 class CacheRegionIn(_Body):
     """kvgate's extension: prompt tokens [0, end) may be cached for ttl_s seconds."""
 
-    end: Annotated[StrictInt, Field(ge=0)]
-    ttl_s: Annotated[StrictInt, Field(gt=0)]
+    end: Annotated[StrictInt, Field(ge=0, le=INT32_MAX)]
+    ttl_s: Annotated[StrictInt, Field(gt=0, le=MAX_TTL_S)]
 
 
 class SamplingFields(_Body):
@@ -42,18 +52,18 @@ class SamplingFields(_Body):
     model: str | None = None
     temperature: NonNegativeFloat | None = None
     top_p: Probability | None = None
-    top_k: Annotated[int, Field(ge=-1)] | None = None
+    top_k: Annotated[int, Field(ge=-1, le=INT32_MAX)] | None = None
     seed: Seed | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: TokenIds | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[TokenIds, Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     # Optional as in vLLM: some clients send null for "the default".
     ignore_eos: bool | None = False
     n: int | None = 1
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    cache_salt: str | None = None
-    cache_regions: list[CacheRegionIn] | None = None
+    cache_salt: str | None = Field(None, max_length=MAX_SALT_CHARS)
+    cache_regions: list[CacheRegionIn] | None = Field(None, max_length=MAX_REGIONS)
 
     @field_validator("cache_salt")
     @classmethod
@@ -74,8 +84,8 @@ class CompletionRequest(SamplingFields):
     prompt: str | TokenIds | list[str] | list[TokenIds]
     max_tokens: MaxTokens | None = 16
     echo: bool | None = False
-    logprobs: int | None = None
-    best_of: int | None = None
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
+    best_of: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
 
@@ -96,7 +106,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = None
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None

@@ -30,7 +30,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 
 async def _generate(request: Request, state: ServerState, inputs: EngineInputs, fmt: OutputFormat) -> Response:
     ctx = ResponseContext(id=new_id(fmt.id_prefix), model=state.engine.model_id, params=inputs.params)
-    # Raises InvalidRequestError (400) or EngineOverloadedError (503) before anything is queued.
+    # Raises InvalidRequestError (400), EngineOverloadedError or EngineUnavailableError (503) before anything is
+    # queued.
     handle = state.engine.submit(inputs.prompt_token_ids, inputs.params, inputs.cache, request_id=ctx.id)
     state.watch(handle)
     if inputs.stream:
@@ -51,7 +52,11 @@ async def models(state: State) -> ModelList:
 
 
 @router.get("/health")
-async def health() -> Response:
+async def health(state: State) -> Response:
+    """200 while the engine serves; 503 with the reason once its thread has died (as vLLM's /health)."""
+    reason = state.engine.dead_reason
+    if reason is not None:
+        return error_response(503, f"the engine died: {reason}")
     return Response(status_code=200)
 
 

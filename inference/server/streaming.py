@@ -33,7 +33,8 @@ def failure(output: RequestOutput) -> tuple[int, str]:
     """The status and message for a request that ended without output of its own making."""
     if output.finish_reason == "cancelled":
         return 503, "the request was cancelled: the engine is shutting down"
-    return 500, output.error or "the engine failed on this request"
+    message = output.error or "the engine failed on this request"
+    return {"invalid_request": 400, "unavailable": 503}.get(output.error_kind or "", 500), message
 
 
 async def events(

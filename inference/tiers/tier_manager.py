@@ -196,23 +196,31 @@ class TierManager:
         moves = sorted(zip(hits, block_ids, strict=True), key=lambda m: (m[0].tier == "disk", m[0].entry.slot))
         if self.disk is not None:
             self.disk.prefetch([h.entry for h, _ in moves if h.tier == "disk"])
-        for hit, block_id in moves:
-            if bad:
-                break
-            dest = device_block(self.cache, block_id)
-            if hit.tier == "host":
-                assert self.host is not None
-                copy_block(dest, self.host.data(hit.entry))
-                self.host.stats.loads += 1
-                self.host.stats.bytes_read += self.layout.nbytes
-            else:
-                assert self.disk is not None
-                if self.disk.read(hit.entry, self._read_buffer.numpy()):
-                    # The read buffer is reused for the next block, so this copy must be done first.
-                    wait(copy_block(dest, self.layout.typed(self._read_buffer)))
+        try:
+            for hit, block_id in moves:
+                if bad:
+                    break
+                dest = device_block(self.cache, block_id)
+                if hit.tier == "host":
+                    assert self.host is not None
+                    copy_block(dest, self.host.data(hit.entry))
+                    self.host.stats.loads += 1
+                    self.host.stats.bytes_read += self.layout.nbytes
                 else:
-                    bad.append(hit.entry)
-        self._unlock(hits, bad)
+                    assert self.disk is not None
+                    try:
+                        ok = self.disk.read(hit.entry, self._read_buffer.numpy())
+                    except BaseException:
+                        bad.append(hit.entry)  # an unreadable record is dropped like a corrupt one
+                        raise
+                    if ok:
+                        # The read buffer is reused for the next block, so this copy must be done first.
+                        wait(copy_block(dest, self.layout.typed(self._read_buffer)))
+                    else:
+                        bad.append(hit.entry)
+        finally:
+            # Also when a read raised: locked entries must not stay unevictable.
+            self._unlock(hits, bad)
         return not bad
 
     def _unlock(self, hits: Sequence[TierHit], bad: list[TierEntry]) -> None:
