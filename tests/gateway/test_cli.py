@@ -106,9 +106,12 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
                 time.sleep(0.2)
         assert health.json()["model"] == "tiny-llama-v1"
         # The database and its WAL files hold keys' hashes, the salt secret and usage: owner only.
+        # Directories beside it (the in-flight journal) are owner only too: 0700.
         files = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.glob("kvgate.db*")}
+        dirs = {p.name for p in tmp_path.glob("kvgate.db*") if p.is_dir()}
         assert {"kvgate.db", "kvgate.db-wal", "kvgate.db-shm"} <= set(files), files
-        assert all(mode == 0o600 for mode in files.values()), {k: oct(v) for k, v in files.items()}
+        expected = {name: 0o700 if name in dirs else 0o600 for name in files}
+        assert files == expected, {k: oct(v) for k, v in files.items()}
         for path in ("/docs", "/openapi.json"):  # off unless KVGATE_EXPOSE_DOCS is set
             assert httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).status_code == 404
         process.send_signal(signal.SIGINT)
