@@ -20,6 +20,7 @@ from datetime import date, datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from billing.errors import BillingDomainError
 from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
 from billing.periods import month_start, period_key
 from gateway.models import ApiKey, Tenant
@@ -31,12 +32,13 @@ TENANT_CREDIT = "tenant_credit"
 ALL_TIME = "all"
 
 
-class BudgetError(ValueError):
+class BudgetError(BillingDomainError, ValueError):
     pass
 
 
 class UnknownOwnerError(BudgetError):
-    pass
+    status = 404
+    error_type = "not_found_error"
 
 
 async def _require_tenant(session: AsyncSession, tenant_id: str) -> None:

@@ -14,6 +14,7 @@ import stripe
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from billing.errors import BillingDomainError
 from billing.invoices import InvoiceStateError, set_payment_status
 from billing.models import Invoice, WebhookEvent
 from kvgate.db import insert_ignore, utcnow
@@ -23,7 +24,7 @@ PAID_EVENTS = frozenset({"invoice.paid", "invoice.payment_succeeded"})
 FAILED_EVENTS = frozenset({"invoice.payment_failed"})
 
 
-class WebhookSignatureError(ValueError):
+class WebhookSignatureError(BillingDomainError, ValueError):
     pass
 
 
