@@ -52,7 +52,7 @@ def evict_device(engine: Engine) -> None:
 
 def drop_page_cache(engine: Engine) -> None:
     """Make the next disk reads come from the device, not the page cache (only this tier's files)."""
-    disk = engine.tiers.disk
+    disk = engine.tiers.tier("disk")
     for fd in disk._fds.values():
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -78,7 +78,7 @@ def ttft(engine: Engine, prompt: list[int], tier: str) -> tuple[float, int]:
     """TTFT of the prompt, and the tokens it read, all of them from `tier` (asserted)."""
     out = engine.generate(prompt, ONE_TOKEN)
     usage = out.usage
-    assert usage.cached_tokens == getattr(usage.cached_tokens_by_tier, tier, 0), usage
+    assert usage.cached_tokens == usage.cached_tokens_by_tier.get(tier, 0), usage
     return out.ttft_s or 0.0, usage.cached_tokens
 
 
@@ -150,12 +150,12 @@ def decode_steps(
     first = 0
     while first < streams:  # the prefills (a prompt's tail after its last full block is a pass of its own)
         first += len(engine.step())
-    worker = engine.tiers.worker if engine.tiers is not None else None
+    tiers = engine.tiers
     steps = []
     while engine.has_unfinished():
         if between is not None:
             between(len(steps))
-        busy = worker is not None and worker.num_pending > 0
+        busy = tiers is not None and tiers.num_pending_stores > 0
         start = time.perf_counter()
         produced = len(engine.step())
         steps.append((time.perf_counter() - start, produced, busy))
@@ -179,7 +179,7 @@ class WriteTimer:
     """Wraps DiskTier.write to time the offload worker's writes (checksum + pwrite into the page cache)."""
 
     def __init__(self, engine: Engine) -> None:
-        disk = engine.tiers.disk
+        disk = engine.tiers.tier("disk")
         self.seconds, inner = 0.0, disk.write
 
         def write(entry, data) -> None:
@@ -239,7 +239,7 @@ def bench_decode(loaded: LoadedModel, streams: int, new_tokens: int, reps: int, 
         idle_steps += [s for s in steps if not s[2]]
         tiers.flush()
     tiered.close()
-    disk = tiers.disk.stats
+    disk = tiers.tier("disk").stats
     return {
         "rates": {k: statistics.median(v) for k, v in runs.items()},
         "busy": rate(busy_steps) if busy_steps else float("nan"),

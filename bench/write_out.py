@@ -30,7 +30,7 @@ from inference.settings import EngineSettings
 def fill(engine: Engine, ttl_s: int) -> int:
     """Commit every block of the pool, then push the host tier full, as cached prefixes would; returns blocks made."""
     pool, now = engine.pool, engine.clock.now()
-    host = engine.tiers.host if engine.tiers is not None else None
+    host = engine.tiers.tier("host") if engine.tiers is not None else None
     total = pool.num_blocks + (host.capacity if host is not None else 0)
     tokens = tuple(range(engine.block_size))
     for _ in range(total):
@@ -58,7 +58,8 @@ def run(loaded: LoadedModel, args: argparse.Namespace, disk_dir: Path) -> dict[s
     start = time.perf_counter()
     again = Engine(EngineSettings(**settings), loaded=loaded)
     start_s = time.perf_counter() - start
-    indexed, rebuild_s = len(again.tiers.disk), again.tiers.disk.rebuild_s
+    disk = again.tiers.tier("disk")
+    indexed, rebuild_s = len(disk), disk.rebuild_s
     again.close()
     return {
         "blocks": made,

@@ -21,6 +21,7 @@ from datetime import date, datetime, timedelta
 from sqlalchemy import delete, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from billing.errors import BillingDomainError
 from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
 from billing.money import MAX_AMOUNT_PICO, PICO_PER_CENT, format_usd
 from billing.periods import month_start, period_key
@@ -33,14 +34,15 @@ TENANT_CREDIT = "tenant_credit"
 ALL_TIME = "all"
 
 
-class BudgetError(ValueError):
+class BudgetError(BillingDomainError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
+        super().__init__(f"{field}: {message}" if field else message)
         self.field = field  # the input at fault, as the admin API names it
 
 
 class UnknownOwnerError(BudgetError):
-    pass
+    status = 404
+    error_type = "not_found_error"
 
 
 def _check_limit(monthly_limit_pico: int | None) -> None:

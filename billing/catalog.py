@@ -16,6 +16,9 @@ from billing.prices import PriceError, PriceSpec, PriceVersion
 class PriceConflictError(PriceError):
     """A version for this model and effective_from already exists with other prices."""
 
+    status = 409
+    error_type = "conflict_error"
+
 
 @dataclass(frozen=True)
 class SeedResult:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from billing.errors import BillingDomainError
 from billing.invoices import DRAFT, InvoiceStateError, get_invoice
 from billing.models import CreditNote, Invoice
 from billing.numbering import next_number
 
 
-class CreditNoteError(ValueError):
+class CreditNoteError(BillingDomainError, ValueError):
     pass
 
 

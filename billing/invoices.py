@@ -15,6 +15,7 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.catalog import to_version
+from billing.errors import BillingDomainError
 from billing.invoice_lines import InvoiceComputation, InvoiceLine, UsageAggregate, compute_invoice
 from billing.ledger import TOKEN_COLUMNS
 from billing.models import CreditNote, Invoice, InvoiceLineRow, LedgerEntry, PriceVersionRow
@@ -32,16 +33,20 @@ PAYMENT_FAILED = "payment_failed"
 STATUSES = (DRAFT, FINALIZED, PAID, PAYMENT_FAILED)
 
 
-class InvoiceError(Exception):
+class InvoiceError(BillingDomainError):
     pass
 
 
 class InvoiceNotFoundError(InvoiceError):
-    pass
+    status = 404
+    error_type = "not_found_error"
 
 
 class InvoiceStateError(InvoiceError):
     """The invoice is not in a state that allows this (e.g. finalizing a running month)."""
+
+    status = 409
+    error_type = "conflict_error"
 
 
 @dataclass(frozen=True)

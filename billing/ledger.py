@@ -14,6 +14,7 @@ from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from billing.errors import BillingDomainError
 from billing.models import Invoice, LedgerEntry
 from billing.periods import month_start
 from billing.prices import PriceVersion
@@ -40,8 +41,13 @@ DUPLICATES = Counter(
 )
 
 
-class LedgerError(ValueError):
+class LedgerError(BillingDomainError, ValueError):
     pass
+
+
+class UsageNotFoundError(LedgerError):
+    status = 404
+    error_type = "not_found_error"
 
 
 @dataclass(frozen=True)
@@ -164,7 +170,7 @@ async def reverse_usage(
     now = now or utcnow()
     original = await _find(session, request_id, KIND_USAGE)
     if original is None:
-        raise LedgerError(f"no usage entry for request {request_id!r}")
+        raise UsageNotFoundError(f"no usage entry for request {request_id!r}")
     existing = await _find(session, request_id, KIND_REVERSAL)
     if existing is not None:
         DUPLICATES.labels(kind=KIND_REVERSAL).inc()

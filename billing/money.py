@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
+from billing.errors import BillingDomainError
+
 PICO_PER_USD = 10**12
 PICO_PER_CENT = 10**10
 TOKENS_PER_MTOK = 10**6
@@ -22,8 +24,20 @@ PICO_PER_TOKEN_PER_USD_PER_MTOK = PICO_PER_USD // TOKENS_PER_MTOK
 MAX_AMOUNT_PICO = 9_000_000 * PICO_PER_USD
 
 
-class MoneyError(ValueError):
+class MoneyError(BillingDomainError, ValueError):
     """An amount that cannot be represented exactly, or not stored."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field  # the input at fault, as the admin API or the CLI names it
+
+
+def parse_usd(value: str, *, field: str, cents: bool = False) -> int:
+    """An amount a person entered, in pico-dollars (or cents); an error names the field."""
+    try:
+        return usd_to_cents(value) if cents else usd_to_pico(value)
+    except MoneyError as exc:
+        raise MoneyError(f"{field}: {exc}", field=field) from exc
 
 
 def pico_to_usd(pico: int) -> Decimal:

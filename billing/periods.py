@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
 
+from billing.errors import BillingDomainError
+
+
+class PeriodError(BillingDomainError, ValueError):
+    """A month that is not YYYY-MM."""
+
 
 def month_start(at: datetime) -> date:
     """The first day of the UTC month containing `at`."""
@@ -30,11 +36,11 @@ def period_key(month: date) -> str:
 
 
 def parse_month(text: str) -> date:
-    """'2026-11' -> date(2026, 11, 1); ValueError otherwise."""
+    """'2026-11' -> date(2026, 11, 1); PeriodError (a ValueError) otherwise."""
     try:
         parsed = datetime.strptime(text, "%Y-%m")
     except ValueError:
-        raise ValueError(f"expected a month as YYYY-MM, got {text!r}") from None
+        raise PeriodError(f"expected a month as YYYY-MM, got {text!r}") from None
     return date(parsed.year, parsed.month, 1)
 
 

@@ -15,6 +15,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from billing.errors import BillingDomainError
 from billing.money import PICO_PER_TOKEN_PER_USD_PER_MTOK
 from billing.tokens import Category, TokenCounts
 
@@ -34,7 +35,7 @@ _MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
 _ENTRY_KEYS = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS}
 
 
-class PriceError(ValueError):
+class PriceError(BillingDomainError, ValueError):
     """A catalog entry that is malformed or cannot be priced exactly."""
 
 

@@ -11,6 +11,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.csv_export import UsageRow
+from billing.errors import BillingDomainError
 from billing.ledger import TOKEN_COLUMNS
 from billing.models import LedgerEntry
 from billing.tokens import TokenCounts
@@ -19,7 +20,7 @@ GroupBy = Literal["day", "model", "key"]
 GROUP_BYS: tuple[GroupBy, ...] = ("day", "model", "key")
 
 
-class UsageQueryError(ValueError):
+class UsageQueryError(BillingDomainError, ValueError):
     pass
 
 

@@ -15,6 +15,7 @@ import stripe
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from billing.errors import BillingDomainError
 from billing.invoices import InvoiceStateError, set_payment_status
 from billing.models import Invoice, WebhookEvent
 from kvgate.db import insert_ignore, utcnow
@@ -28,7 +29,7 @@ FAILED_EVENTS = frozenset({"invoice.payment_failed"})
 MAX_ID_LENGTH = 128  # webhook_events.event_id is VARCHAR(128)
 
 
-class WebhookSignatureError(ValueError):
+class WebhookSignatureError(BillingDomainError, ValueError):
     """The request is not a Stripe event signed with our secret (a 400)."""
 
 

@@ -8,8 +8,9 @@ from inference.block_pool import BlockPool, KVBlock
 from inference.clock import Clock
 from inference.hashing import BlockHasher
 from inference.request import Request
-from inference.tiers import TierHit, TierManager
-from inference.types import CacheSpec, TierCounts
+from inference.tiers import TIER_NAMES, TierHit, TierManager
+from inference.tiers.tier_manager import DEVICE
+from inference.types import CacheSpec
 
 # A leading block found in the cache: on the device, or in a tier below it.
 Hit = KVBlock | TierHit
@@ -62,7 +63,7 @@ class KVCacheManager:
         # Prometheus-style counters, in tokens, as vLLM's prefix_cache_queries/hits.
         self.num_query_tokens = 0
         self.num_hit_tokens = 0
-        self.num_hit_tokens_by_tier = {"device": 0, "host": 0, "disk": 0}
+        self.num_hit_tokens_by_tier = dict.fromkeys(TIER_NAMES, 0)
 
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -130,8 +131,8 @@ class KVCacheManager:
             request.num_accounted_blocks = len(hits)
             self.num_query_tokens += request.num_prompt_tokens
             self.num_hit_tokens += num_hit_tokens
-            for tier in self.num_hit_tokens_by_tier:
-                self.num_hit_tokens_by_tier[tier] += getattr(by_tier, tier)
+            for tier, tokens in by_tier.items():
+                self.num_hit_tokens_by_tier[tier] = self.num_hit_tokens_by_tier.get(tier, 0) + tokens
         return True
 
     def _lock(self, below: list[TierHit]) -> bool:
@@ -193,8 +194,10 @@ class KVCacheManager:
         return [b.block_id for b in blocks]
 
 
-def tier_counts(hits: Sequence[Hit], block_size: int) -> TierCounts:
-    """Hit tokens by the tier each block was found in."""
-    host = sum(block_size for h in hits if isinstance(h, TierHit) and h.tier == "host")
-    disk = sum(block_size for h in hits if isinstance(h, TierHit) and h.tier == "disk")
-    return TierCounts(device=len(hits) * block_size - host - disk, host=host, disk=disk)
+def tier_counts(hits: Sequence[Hit], block_size: int) -> dict[str, int]:
+    """Hit tokens by the tier each block was found in, every tier name present (zeros included)."""
+    counts = dict.fromkeys(TIER_NAMES, 0)
+    for hit in hits:
+        name = hit.tier.name if isinstance(hit, TierHit) else DEVICE
+        counts[name] = counts.get(name, 0) + block_size
+    return counts

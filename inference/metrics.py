@@ -169,9 +169,9 @@ def _tier_metrics(core: Engine, model: str) -> Iterator[Metric]:
         total.add_metric([model, tier.name], tier.capacity)
         used_bytes.add_metric([model, tier.name], n * tier.layout.nbytes)
     yield from (used, total, used_bytes)
-    if core.tiers is not None and core.tiers.worker is not None:
+    if core.tiers is not None:
         pending = GaugeMetricFamily(
-            "kvgate:kv_offload_pending", "Blocks queued for the disk tier.", labels=["model_name"]
+            "kvgate:kv_offload_pending", "Blocks queued for a KV tier (the disk's writer).", labels=["model_name"]
         )
-        pending.add_metric([model], core.tiers.worker.num_pending)
+        pending.add_metric([model], core.tiers.num_pending_stores)
         yield pending

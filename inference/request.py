@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from inference.block_pool import KVBlock
 from inference.hashing import BlockHash
-from inference.types import CacheSpec, SamplingParams, TierCounts
+from inference.types import CacheSpec, SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -37,7 +37,7 @@ class Request:
     num_computed_tokens: int = 0
     # Cache accounting, fixed at the first admission (reads) or accumulated (writes).
     num_cached_tokens: int | None = None
-    cached_by_tier: TierCounts = field(default_factory=TierCounts)
+    cached_by_tier: dict[str, int] = field(default_factory=dict)  # tier name -> tokens read
     num_committed_blocks: int = 0  # blocks [0, n) are committed or hits, in this admission
     num_accounted_blocks: int = 0  # blocks [0, n) were counted as a read, a write or neither
     write_tokens_by_ttl: dict[int, int] = field(default_factory=dict)

@@ -58,19 +58,6 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
-class TierCounts:
-    """Tokens read from the cache, split by the tier they were found in."""
-
-    device: int = 0
-    host: int = 0
-    disk: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.device + self.host + self.disk
-
-
-@dataclass(frozen=True)
 class Usage:
     """What one request read from, wrote to and computed outside the prefix cache.
 
@@ -78,13 +65,17 @@ class Usage:
     cached_tokens are tokens whose prefill was really skipped; cache_write_tokens
     are tokens of blocks this request newly committed; cache_write_tokens_by_ttl
     splits the writes by TTL in seconds (e.g. {300: 1024, 3600: 2048}).
+    cached_tokens_by_tier splits the reads by the tier each block was found in, by
+    tier name: "device", then the tiers below in order (inference.tiers.TIER_NAMES:
+    "host", "disk"). An admitted request lists every name, zeros included; a missing
+    name means 0, and the values sum to cached_tokens.
     """
 
     prompt_tokens: int
     cached_tokens: int
     cache_write_tokens: int
     completion_tokens: int
-    cached_tokens_by_tier: TierCounts = field(default_factory=TierCounts)
+    cached_tokens_by_tier: dict[str, int] = field(default_factory=dict)
     cache_write_tokens_by_ttl: dict[int, int] = field(default_factory=dict)
 
     @property

@@ -22,9 +22,9 @@ from inference.server.protocol import (
     CompletionChoice,
     CompletionResponse,
     PromptTokensDetails,
-    TierCountsOut,
     UsageInfo,
 )
+from inference.tiers import TIER_NAMES
 from inference.types import RequestOutput, SamplingParams, Usage
 
 
@@ -43,7 +43,6 @@ def new_id(prefix: str) -> str:
 
 
 def usage_info(usage: Usage) -> UsageInfo:
-    tiers = usage.cached_tokens_by_tier
     return UsageInfo(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
@@ -51,7 +50,7 @@ def usage_info(usage: Usage) -> UsageInfo:
         prompt_tokens_details=PromptTokensDetails(
             cached_tokens=usage.cached_tokens,
             cache_write_tokens=usage.cache_write_tokens,
-            cached_tokens_by_tier=TierCountsOut(device=tiers.device, host=tiers.host, disk=tiers.disk),
+            cached_tokens_by_tier={name: usage.cached_tokens_by_tier.get(name, 0) for name in TIER_NAMES},
             cache_write_tokens_by_ttl={str(ttl): n for ttl, n in sorted(usage.cache_write_tokens_by_ttl.items())},
         ),
     )

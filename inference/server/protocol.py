@@ -115,16 +115,11 @@ class ChatCompletionRequest(SamplingFields):
 # -- responses ------------------------------------------------------------------------------
 
 
-class TierCountsOut(BaseModel):
-    device: int
-    host: int
-    disk: int
-
-
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int
-    cached_tokens_by_tier: TierCountsOut
+    # Tier name -> tokens read from it: "device", then each tier below ("host", "disk").
+    cached_tokens_by_tier: dict[str, int]
     # TTL in seconds (as a string key) -> tokens written: what billing prices per TTL.
     cache_write_tokens_by_ttl: dict[str, int]
 

@@ -5,7 +5,8 @@ slots_per_segment records (see disk_format). Slot s is record s % slots_per_segm
 of segment s // slots_per_segment; a slot is reused in place when its entry is
 evicted. One engine owns a directory at a time (an flock on its LOCK file).
 
-The offload worker writes; the engine thread looks up, locks and reads. A mutex
+store() copies a block into a staging buffer and queues it; the offload worker
+writes it (write()). The engine thread looks up, locks and reads. A mutex
 guards the index; file I/O runs outside it. Entries being loaded are locked, so the
 worker never overwrites their slots mid-read. Records are written with O_DIRECT
 where the filesystem supports it: on a CPU-bound host a buffered write costs twice
@@ -21,18 +22,27 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import structlog
+import torch
 
 from inference.clock import Clock
 from inference.hashing import BlockHash
+from inference.tiers.base import Demote
 from inference.tiers.disk_format import RecordHeader, checksum, header_size, payload_offset, record_size
 from inference.tiers.layout import BlockLayout
 from inference.tiers.lru_index import LruIndex, TierEntry
+from inference.tiers.offload_worker import OffloadWorker, WriteJob
+from inference.tiers.staging import StagingPool
 from inference.tiers.stats import TierStats
+from inference.tiers.transfer import copy_block, wait
+
+if TYPE_CHECKING:
+    from inference.settings import EngineSettings
 
 log = structlog.get_logger(__name__)
 
@@ -51,7 +61,15 @@ def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
 
 
 class DiskTier:
+    """Blocks in files, kept across restarts; store() is asynchronous (see the module doc).
+
+    With staging_blocks=0 it has no staging buffers and no writer thread: blocks go in
+    through write() only (tests and tools that write records themselves).
+    """
+
     name = "disk"
+    shared = False  # one engine owns the directory (its flock)
+    persistent = True
 
     def __init__(
         self,
@@ -63,6 +81,8 @@ class DiskTier:
         pin_min_ttl_s: int,
         pin_share: float,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        staging_blocks: int = 0,
+        pin_memory: bool = False,
     ) -> None:
         assert capacity > 0
         self.layout = layout
@@ -84,7 +104,42 @@ class DiskTier:
         self._fds: dict[int, int] = {}  # buffered: reads, the start-up scan, header clears
         self._direct_fds: dict[int, int] = {}  # O_DIRECT (or buffered, where unsupported): record writes
         self._free_slots: list[int] = []
+        self._closed = False
         self._rebuild(clock.now())
+        # A load reads into this buffer, verifies it, then copies it to the device.
+        self._read_buffer = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
+        self.staging: StagingPool | None = None
+        self.worker: OffloadWorker | None = None
+        if staging_blocks > 0:
+            self.staging = StagingPool(
+                layout,
+                staging_blocks,
+                record_size=self.record_size,
+                payload_offset=self.payload_offset,
+                pin_memory=pin_memory,
+            )
+            self.worker = OffloadWorker(self, self.staging)
+
+    @classmethod
+    def from_settings(
+        cls, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool
+    ) -> DiskTier | None:
+        """KVGATE_KV_DISK_DIR, KVGATE_KV_DISK_GIB (or _BLOCKS); None without a directory."""
+        blocks = settings.kv_disk_blocks
+        if blocks is None:  # a record is the block plus its header page: the limit counts both
+            blocks = int(settings.kv_disk_gib * 2**30) // record_size(layout.block_size, layout.nbytes)
+        if settings.kv_disk_dir is None or blocks <= 0:
+            return None
+        return cls(
+            settings.kv_disk_dir,
+            layout,
+            blocks,
+            clock=clock,
+            pin_min_ttl_s=settings.kv_pin_min_ttl_s,
+            pin_share=settings.kv_pin_share,
+            staging_blocks=max(1, int(settings.kv_offload_staging_mib * 2**20) // layout.nbytes),
+            pin_memory=pin_memory,
+        )
 
     @property
     def capacity(self) -> int:
@@ -92,6 +147,53 @@ class DiskTier:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    @property
+    def num_pending_stores(self) -> int:
+        return 0 if self.worker is None else self.worker.num_pending
+
+    # -- engine thread: the KVTier interface -----------------------------------------------
+
+    def store(self, entry: TierEntry, source: torch.Tensor, *, now: float, demote: Demote | None) -> bool:
+        """Snapshot the block into a staging buffer (waiting for one if all are in flight) and queue it.
+
+        The worker finds room when it writes; its victims are dropped (nothing is below the disk).
+        """
+        assert self.staging is not None and self.worker is not None, "a DiskTier without staging takes write() only"
+        buffer = self.staging.acquire()
+        fence = copy_block(self.staging.block(buffer), source)
+        self.worker.submit(WriteJob(entry, buffer, fence))
+        return True
+
+    def prepare_load(self, entries: Sequence[TierEntry]) -> bool:
+        """Lock entries for a load and start reading them all (see prefetch)."""
+        if not self.lock(entries):
+            return False
+        # In file order: a prefix evicted tail-first sits in descending slots, and reading
+        # it backwards would defeat the kernel's readahead.
+        self.prefetch(sorted(entries, key=lambda e: e.slot))
+        return True
+
+    def load(self, entry: TierEntry, dest: torch.Tensor) -> bool:
+        if not self.read(entry, self._read_buffer.numpy()):
+            return False
+        # The read buffer is reused for the next block, so this copy must be done first.
+        wait(copy_block(dest, self.layout.typed(self._read_buffer)))
+        return True
+
+    def complete_load(self, entries: Sequence[TierEntry], *, failed: Sequence[TierEntry] = ()) -> None:
+        self.unlock(entries, bad=failed)
+
+    def touch(self, entries: Sequence[TierEntry]) -> None:
+        """Nothing to do: read() marked each entry most recently used as it was read."""
+
+    def write_out_blocks(self, now: float) -> Iterator[tuple[TierEntry, torch.Tensor]]:
+        """Nothing: what is here survives a restart."""
+        return iter(())
+
+    def flush(self) -> None:
+        if self.worker is not None:
+            self.worker.flush()
 
     # -- engine thread ----------------------------------------------------------------
 
@@ -222,6 +324,13 @@ class DiskTier:
         return len(headers)
 
     def close(self) -> None:
+        """Write what is queued and the refreshed headers, then release the files and the directory's lock."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.worker is not None:
+            self.worker.close()
+        self.write_refreshed_headers()
         for fd in {*self._fds.values(), *self._direct_fds.values()}:
             os.close(fd)
         self._fds.clear()

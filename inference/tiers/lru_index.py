@@ -10,6 +10,7 @@ locks > 0 is being loaded into the device and is never chosen.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +36,10 @@ class TierEntry:
 
     def expired(self, now: float) -> bool:
         return self.expires_at <= now
+
+    def detached(self) -> TierEntry:
+        """This entry's block metadata, free of its tier's slot, recency and locks: to store it in another tier."""
+        return dataclasses.replace(self, slot=-1, tick=0, locks=0, dirty=False)
 
 
 class LruIndex:

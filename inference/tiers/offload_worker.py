@@ -5,13 +5,16 @@ from __future__ import annotations
 import queue
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 
-from inference.tiers.disk_tier import DiskTier
 from inference.tiers.lru_index import TierEntry
 from inference.tiers.staging import StagingPool
 from inference.tiers.transfer import Fence, wait
+
+if TYPE_CHECKING:
+    from inference.tiers.disk_tier import DiskTier
 
 log = structlog.get_logger(__name__)
 

@@ -218,7 +218,7 @@ async def test_budget_credit_price_and_reversal_routes(api, sessions):
             400,
         ),
         ("post", "/admin/v1/invoices/1/credit-notes", None, {"amount_usd": "ten", "reason": "x"}, 400),
-        ("post", "/admin/v1/invoices/1/stripe", None, None, 503),  # Stripe not configured
+        ("post", "/admin/v1/invoices/1/stripe", None, None, 400),  # Stripe not configured: not retryable
     ],
 )
 async def test_bad_input_gets_a_clear_error(api, method, path, params, body, status):

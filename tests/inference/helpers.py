@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+from inference.tiers import TIER_NAMES
 from inference.types import RequestOutput, SamplingParams, Usage
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -18,7 +19,13 @@ def assert_usage_invariant(usage: Usage) -> None:
     assert usage.cached_tokens + usage.cache_write_tokens + usage.uncached_tokens == usage.prompt_tokens
     assert usage.uncached_tokens >= 0
     assert sum(usage.cache_write_tokens_by_ttl.values()) == usage.cache_write_tokens
-    assert usage.cached_tokens_by_tier.total == usage.cached_tokens
+    assert sum(usage.cached_tokens_by_tier.values()) == usage.cached_tokens
+
+
+def by_tier(**tokens: int) -> dict[str, int]:
+    """cached_tokens_by_tier as an admitted request reports it: every tier name, zeros included."""
+    assert set(tokens) <= set(TIER_NAMES), tokens
+    return {name: tokens.get(name, 0) for name in TIER_NAMES}
 
 
 def full_blocks_before_last(n: int, block_size: int = 16) -> int:

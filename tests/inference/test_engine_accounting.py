@@ -21,7 +21,7 @@ def test_repeating_a_prompt_reads_every_full_block_before_the_last_token(tiny_en
     assert cold.usage.cache_write_tokens == expected
     assert warm.usage.cached_tokens == expected
     assert warm.usage.cache_write_tokens == 0
-    assert warm.usage.cached_tokens_by_tier.device == expected
+    assert warm.usage.cached_tokens_by_tier["device"] == expected
 
 
 def test_extending_a_cached_prompt_reads_the_shared_blocks_and_writes_the_rest(tiny_engine: Engine):

@@ -27,12 +27,9 @@ def location(engine: Engine, block_hash: BlockHash) -> str | None:
     """The fastest tier holding the block: "device", "host", "disk", or None."""
     if block_hash in engine.pool.cached:
         return "device"
-    tiers = engine.tiers
-    if tiers is not None:
-        if tiers.host is not None and block_hash in tiers.host.index:
-            return "host"
-        if tiers.disk is not None and block_hash in tiers.disk:
-            return "disk"
+    for tier in engine.tiers.tiers if engine.tiers is not None else []:
+        if block_hash in tier:
+            return tier.name
     return None
 
 

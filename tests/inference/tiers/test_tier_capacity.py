@@ -13,16 +13,17 @@ RANK = {None: 0, "disk": 1, "host": 2, "device": 3}
 def test_a_stream_of_unique_prefixes_keeps_every_tier_within_its_limit_in_lru_order(tiered, tiny_llama_dir):
     engine = tiered(tiny_llama_dir, device=16, host=10, disk=20)
     tiers = engine.tiers
+    host, disk = tiers.tier("host"), tiers.tier("disk")
     rng = random.Random(61)
     prompts = [random_prompt(rng, 97) for _ in range(14)]  # 6 committed blocks each, 84 in all
     order: list[list[bytes]] = []
     for prompt in prompts:
         checked(engine.generate(prompt, ONE_TOKEN))
         order.append(committed_hashes(engine, prompt))
-        assert len(tiers.host) <= 10 and len(tiers.disk) <= 20
-        assert sum(p.stat().st_size for p in tiers.disk.dir.glob("seg-*.kvs")) <= 20 * tiers.disk.record_size
+        assert len(host) <= 10 and len(disk) <= 20
+        assert sum(p.stat().st_size for p in disk.dir.glob("seg-*.kvs")) <= 20 * disk.record_size
     tiers.flush()
-    assert len(tiers.host) == 10 and len(tiers.disk) == 20
+    assert len(host) == 10 and len(disk) == 20
 
     # Older prompts sit in slower tiers: the first ones are gone, the last one is on the device.
     ranks = [max(RANK[location(engine, h)] for h in hashes) for hashes in order]
@@ -30,11 +31,11 @@ def test_a_stream_of_unique_prefixes_keeps_every_tier_within_its_limit_in_lru_or
     assert {location(engine, h) for hashes in order for h in hashes} == {None, "disk", "host", "device"}
     # Within each tier, LRU order follows prompt order (older prompts are evicted first).
     prompt_of = {h: i for i, hashes in enumerate(order) for h in hashes}
-    for tier in (tiers.host, tiers.disk):
+    for tier in (host, disk):
         seq = [prompt_of[e.block_hash] for e in tier.index.lru_order()]
         assert seq == sorted(seq)
-    assert tiers.host.stats.evictions == tiers.host.stats.demotions > 0
-    assert tiers.disk.stats.evictions > 0
+    assert host.stats.evictions == host.stats.demotions > 0
+    assert disk.stats.evictions > 0
 
 
 def test_a_hit_in_the_host_tier_makes_it_most_recent_there(tiered, tiny_llama_dir):
@@ -45,11 +46,11 @@ def test_a_hit_in_the_host_tier_makes_it_most_recent_there(tiered, tiny_llama_di
         checked(engine.generate(prompt, ONE_TOKEN))
     hashes_a, hashes_b = committed_hashes(engine, a), committed_hashes(engine, b)
     pressure(engine, 16)  # both prompts move to the host, a's blocks first
-    host = engine.tiers.host
+    host = engine.tiers.tier("host")
     lru = [e.block_hash for e in host.index.lru_order()]
     assert set(lru[:6]) == set(hashes_a) and set(lru[6:12]) == set(hashes_b)
     out = checked(engine.generate(a, ONE_TOKEN))
-    assert out.usage.cached_tokens_by_tier.host == 96
+    assert out.usage.cached_tokens_by_tier["host"] == 96
     lru = [e.block_hash for e in host.index.lru_order()]
     assert set(lru[-6:]) == set(hashes_a) and set(lru[:6]) == set(hashes_b)
 
@@ -61,10 +62,10 @@ def test_expired_blocks_are_never_written_down(tiered, tiny_llama_dir):
     pressure(engine, 16)  # evicts every stale block (expired ones first)
     engine.tiers.flush()
     assert not any(location(engine, h) for h in stale)
-    assert engine.pool.num_expired_evictions == 8 and engine.tiers.host.stats.stores == 0
+    assert engine.pool.num_expired_evictions == 8 and engine.tiers.tier("host").stats.stores == 0
     # Paired positive: live blocks evicted the same way are stored.
     live = pressure(engine, 8)
-    assert engine.tiers.host.stats.stores == 8 and not any(location(engine, h) for h in live[:0])
+    assert engine.tiers.tier("host").stats.stores == 8 and not any(location(engine, h) for h in live[:0])
 
 
 def test_sizes_in_gib_are_limits_on_the_bytes_each_tier_holds(tiered, tiny_llama_dir, tmp_path):
@@ -73,8 +74,7 @@ def test_sizes_in_gib_are_limits_on_the_bytes_each_tier_holds(tiered, tiny_llama
         tiny_llama_dir, device=16, kv_host_blocks=None, kv_host_gib=gib, kv_disk_dir=tmp_path, kv_disk_gib=gib
     )
     tiers = engine.tiers
-    assert tiers.host.capacity * tiers.layout.nbytes <= gib * 2**30 < (tiers.host.capacity + 1) * tiers.layout.nbytes
-    assert (
-        tiers.disk.capacity * tiers.disk.record_size <= gib * 2**30 < (tiers.disk.capacity + 1) * tiers.disk.record_size
-    )
-    assert (tiers.host.capacity, tiers.disk.capacity) == (4, 3)
+    host, disk = tiers.tier("host"), tiers.tier("disk")
+    assert host.capacity * tiers.layout.nbytes <= gib * 2**30 < (host.capacity + 1) * tiers.layout.nbytes
+    assert disk.capacity * disk.record_size <= gib * 2**30 < (disk.capacity + 1) * disk.record_size
+    assert (host.capacity, disk.capacity) == (4, 3)

@@ -7,15 +7,15 @@ import random
 from inference.engine import Engine
 from inference.hashing import BlockHash
 from inference.tiers.disk_format import payload_offset
-from inference.types import SamplingParams, TierCounts
-from tests.inference.helpers import checked, random_prompt
+from inference.types import SamplingParams
+from tests.inference.helpers import by_tier, checked, random_prompt
 from tests.inference.tiers.helpers import committed_hashes, push_down
 
 GREEDY_16 = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
 def flip_payload_byte(engine: Engine, block_hash: BlockHash) -> None:
-    disk = engine.tiers.disk
+    disk = engine.tiers.tier("disk")
     entry = disk.index.get(block_hash)
     segment, index = divmod(entry.slot, disk.slots_per_segment)
     offset = index * disk.record_size + payload_offset(engine.block_size) + 777
@@ -37,14 +37,14 @@ def test_a_flipped_byte_makes_that_block_a_miss_and_it_is_recomputed(tiered, tin
 
     out = checked(engine.generate(damaged, GREEDY_16))
     # Blocks 0 and 1 still load; block 2 fails its checksum, so the chain stops there.
-    assert out.usage.cached_tokens_by_tier == TierCounts(disk=32)
+    assert out.usage.cached_tokens_by_tier == by_tier(disk=32)
     assert out.usage.cache_write_tokens == 144 - 32
     assert out.token_ids == cold[0]
-    assert engine.tiers.disk.stats.checksum_failures == 1
+    assert engine.tiers.tier("disk").stats.checksum_failures == 1
     assert hashes[2] in engine.pool.cached  # recomputed and committed on the device afresh
     # Paired positive: the undamaged prompt reads all of its blocks from disk.
     ok = checked(engine.generate(intact, GREEDY_16))
-    assert ok.usage.cached_tokens_by_tier == TierCounts(disk=144) and ok.token_ids == cold[1]
+    assert ok.usage.cached_tokens_by_tier == by_tier(disk=144) and ok.token_ids == cold[1]
 
 
 def test_damage_in_the_first_block_reads_nothing(tiered, tiny_llama_dir):

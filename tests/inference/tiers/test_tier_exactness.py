@@ -7,8 +7,8 @@ import random
 import pytest
 import torch
 
-from inference.types import SamplingParams, TierCounts
-from tests.inference.helpers import checked, random_prompt
+from inference.types import SamplingParams
+from tests.inference.helpers import by_tier, checked, random_prompt
 from tests.inference.tiers.helpers import (
     committed_hashes,
     device_kv,
@@ -32,15 +32,15 @@ def test_logits_and_kv_through_every_tier_match_a_cold_run(tiered, request, mode
     evicted = device_kv(engine, hashes)
 
     push_down(engine, hashes, "host")
-    host = engine.tiers.host
+    host = engine.tiers.tier("host")
     stored = torch.stack([host.buffer[host.index.get(h).slot] for h in hashes])
     assert same_bytes(stored, evicted)
     if tier == "disk":
         push_down(engine, hashes, "disk")  # device -> host -> disk
-        assert engine.tiers.host.stats.demotions >= len(hashes)
+        assert engine.tiers.tier("host").stats.demotions >= len(hashes)
 
     warm, warm_out = first_logits(engine, prompt)
-    assert warm_out.usage.cached_tokens_by_tier == TierCounts(**{tier: 144})
+    assert warm_out.usage.cached_tokens_by_tier == by_tier(**{tier: 144})
     assert same_bytes(device_kv(engine, hashes), evicted)
     assert torch.allclose(warm, cold, atol=1e-5, rtol=0)
     # The comparison can fail: another prompt's logits are far from these.
@@ -67,7 +67,7 @@ def test_greedy_continuations_through_host_and_disk_equal_cold_bf16(tiered, tiny
         cold = checked(engine.generate(prompt, GREEDY_16))
         push_down(engine, committed_hashes(engine, prompt), tier)
         warm = checked(engine.generate(prompt, GREEDY_16))
-        assert getattr(warm.usage.cached_tokens_by_tier, tier) == (n - 1) // 16 * 16
+        assert warm.usage.cached_tokens_by_tier[tier] == (n - 1) // 16 * 16
         assert warm.token_ids == cold.token_ids
 
 
@@ -83,9 +83,9 @@ def test_a_chain_mixing_tiers_is_promoted_in_order(tiered, tiny_llama_dir):
     first_logits(engine, base)
     push_down(engine, committed_hashes(engine, base), "disk")
     warm, out = first_logits(engine, longer)
-    assert out.usage.cached_tokens_by_tier == TierCounts(disk=64)
+    assert out.usage.cached_tokens_by_tier == by_tier(disk=64)
     assert torch.allclose(warm, cold, atol=1e-5, rtol=0)
     again, out = first_logits(engine, longer)
-    assert out.usage.cached_tokens_by_tier == TierCounts(device=112)
+    assert out.usage.cached_tokens_by_tier == by_tier(device=112)
     assert torch.allclose(again, cold, atol=1e-5, rtol=0)
     assert locations(engine, committed_hashes(engine, longer)) == {"device"}

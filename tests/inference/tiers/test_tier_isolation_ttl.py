@@ -8,8 +8,8 @@ import pytest
 
 from inference.clock import ManualClock
 from inference.engine import Engine
-from inference.types import CacheRegion, CacheSpec, SamplingParams, TierCounts
-from tests.inference.helpers import checked, random_prompt
+from inference.types import CacheRegion, CacheSpec, SamplingParams
+from tests.inference.helpers import by_tier, checked, random_prompt
 from tests.inference.tiers.helpers import committed_hashes, locations, push_down
 
 GREEDY_8 = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -29,7 +29,7 @@ def test_a_different_salt_never_hits_in_any_tier(tiered, tiny_llama_dir, tier):
         assert out.usage.cached_tokens == 0 and out.usage.cache_write_tokens == 144
         assert locations(engine, committed_hashes(engine, prompt, "alice")) == {tier}
         same = checked(engine.generate(prompt, GREEDY_8, alice))
-        assert same.usage.cached_tokens_by_tier == TierCounts(**{tier: 144})
+        assert same.usage.cached_tokens_by_tier == by_tier(**{tier: 144})
         assert same.token_ids == cold.token_ids
         push_down(engine, committed_hashes(engine, prompt, "alice"), tier)
 
@@ -48,14 +48,14 @@ def test_an_entry_that_expired_in_a_lower_tier_is_not_promoted_or_counted(tiered
     engine.clock.advance(301)
 
     out = checked(engine.generate(short, GREEDY_8))
-    assert out.usage.cached_tokens == 0 and out.usage.cached_tokens_by_tier == TierCounts()
+    assert out.usage.cached_tokens == 0 and out.usage.cached_tokens_by_tier == by_tier()
     assert out.usage.cache_write_tokens == 96  # recomputed and written again
     assert out.token_ids == cold.token_ids
-    tier_stats = getattr(engine.tiers, tier).stats
+    tier_stats = engine.tiers.tier(tier).stats
     assert tier_stats.loads == 0 and tier_stats.evictions >= 1  # the stale entry was dropped, not loaded
     # Paired positive: the 1-hour entry, as old, is still read from the same tier.
     hit = checked(engine.generate(long, GREEDY_8, one_hour))
-    assert hit.usage.cached_tokens_by_tier == TierCounts(**{tier: 96})
+    assert hit.usage.cached_tokens_by_tier == by_tier(**{tier: 96})
 
 
 def test_a_disk_entry_that_expired_while_the_engine_was_down_is_purged(tiered, tiny_llama_dir, tmp_path):
@@ -71,12 +71,12 @@ def test_a_disk_entry_that_expired_while_the_engine_was_down_is_purged(tiered, t
         return Engine(settings, clock=ManualClock(start=at), loaded=first.loaded)
 
     soon = restart(start + 299)
-    assert soon.tiers.disk.num_purged_at_start == 0
-    assert checked(soon.generate(prompt, GREEDY_8)).usage.cached_tokens_by_tier.disk == 96
+    assert soon.tiers.tier("disk").num_purged_at_start == 0
+    assert checked(soon.generate(prompt, GREEDY_8)).usage.cached_tokens_by_tier["disk"] == 96
     soon.close()
     late = restart(start + 10_000)
     try:
-        assert late.tiers.disk.num_purged_at_start > 0 and len(late.tiers.disk) == 0
+        assert late.tiers.tier("disk").num_purged_at_start > 0 and len(late.tiers.tier("disk")) == 0
         assert checked(late.generate(prompt, GREEDY_8)).usage.cached_tokens == 0
     finally:
         late.close()

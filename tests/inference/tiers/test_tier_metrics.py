@@ -37,7 +37,7 @@ def test_tier_metrics_follow_the_traffic(tiered, tiny_llama_dir):
     engine.tiers.flush()
 
     m = scrape(engine)
-    host, disk = engine.tiers.host.stats, engine.tiers.disk.stats
+    host, disk = engine.tiers.tier("host").stats, engine.tiers.tier("disk").stats
     assert m["kvgate:kv_tier_hit_tokens_total{tier=device}"] == 96
     assert m["kvgate:kv_tier_hit_tokens_total{tier=host}"] == 96
     assert m["kvgate:kv_tier_hit_tokens_total{tier=disk}"] == 96
@@ -50,9 +50,9 @@ def test_tier_metrics_follow_the_traffic(tiered, tiny_llama_dir):
     assert m["kvgate:kv_tier_bytes_written_total{tier=disk}"] == disk.stores * nbytes
     assert m["kvgate:kv_tier_evictions_total{tier=host}"] == host.evictions > 0
     assert m["kvgate:kv_tier_demotions_total{tier=host}"] == host.demotions > 0
-    assert m["kvgate:kv_tier_blocks_used{tier=host}"] == len(engine.tiers.host) <= 24
+    assert m["kvgate:kv_tier_blocks_used{tier=host}"] == len(engine.tiers.tier("host")) <= 24
     assert m["kvgate:kv_tier_blocks_total{tier=disk}"] == 64
-    assert m["kvgate:kv_tier_bytes_used{tier=disk}"] == len(engine.tiers.disk) * nbytes
+    assert m["kvgate:kv_tier_bytes_used{tier=disk}"] == len(engine.tiers.tier("disk")) * nbytes
     assert m["kvgate:kv_tier_checksum_failures_total{tier=disk}"] == 0
     assert m["kvgate:kv_offload_pending"] == 0
     # The cache-wide counters agree with the per-tier split.

@@ -14,7 +14,7 @@ GREEDY_4 = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 
 def check_tiers(engine: Engine) -> None:
     engine.pool.check_invariants()
-    host, disk = engine.tiers.host, engine.tiers.disk
+    host, disk = engine.tiers.tier("host"), engine.tiers.tier("disk")
     assert len(host) + len(host._free_slots) == host.capacity
     assert {e.slot for e in host.index} | set(host._free_slots) == set(range(host.capacity))
     assert all(e.locks == 0 for e in host.index)
@@ -44,7 +44,7 @@ def test_random_traffic_through_small_tiers_stays_exact(tiered, tiny_llama_dir):
             expected[key] = checked(reference.generate(prompt, GREEDY_4)).token_ids
         assert out.token_ids == expected[key], f"step {step}"
         for tier in read_by_tier:
-            read_by_tier[tier] += getattr(out.usage.cached_tokens_by_tier, tier)
+            read_by_tier[tier] += out.usage.cached_tokens_by_tier[tier]
         if step % 10 == 9:
             check_tiers(engine)
         if rng.random() < 0.1:
@@ -52,4 +52,4 @@ def test_random_traffic_through_small_tiers_stays_exact(tiered, tiny_llama_dir):
     check_tiers(engine)
     # The workload did exercise every tier.
     assert all(read_by_tier.values()), read_by_tier
-    assert engine.tiers.host.stats.demotions > 0 and engine.tiers.disk.stats.evictions > 0
+    assert engine.tiers.tier("host").stats.demotions > 0 and engine.tiers.tier("disk").stats.evictions > 0

@@ -9,8 +9,8 @@ import threading
 from inference.async_engine import AsyncEngine
 from inference.settings import EngineSettings
 from inference.tiers.disk_tier import DiskTier
-from inference.types import SamplingParams, TierCounts
-from tests.inference.helpers import checked, random_prompt
+from inference.types import SamplingParams
+from tests.inference.helpers import by_tier, checked, random_prompt
 from tests.inference.tiers.helpers import committed_hashes, push_down, run_filler
 
 GREEDY_16 = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -25,7 +25,7 @@ def test_a_new_engine_on_the_same_directory_reads_from_disk(tiered, tiny_llama_d
 
     second = tiered(tiny_llama_dir, device=16, host=8, disk=64, disk_dir=tmp_path / "kv")
     warm = checked(second.generate(prompt, GREEDY_16))
-    assert warm.usage.cached_tokens_by_tier == TierCounts(disk=144)
+    assert warm.usage.cached_tokens_by_tier == by_tier(disk=144)
     assert warm.token_ids == cold.token_ids
     # Paired negative: an engine on an empty directory reads nothing.
     fresh = tiered(tiny_llama_dir, device=16, host=8, disk=64, disk_dir=tmp_path / "empty")
@@ -38,18 +38,18 @@ def test_blocks_still_on_their_way_to_disk_are_written_before_close_returns(tier
     first.generate(prompt, GREEDY_16)
     hashes = committed_hashes(first, prompt)
     # Hold the worker so that blocks are still queued when close() is called.
-    gate, write = threading.Event(), first.tiers.disk.write
-    first.tiers.disk.write = lambda entry, data: (gate.wait(), write(entry, data))
+    gate, write = threading.Event(), first.tiers.tier("disk").write
+    first.tiers.tier("disk").write = lambda entry, data: (gate.wait(), write(entry, data))
     for _ in range(20):
         if not any(h in first.pool.cached for h in hashes):
             break
         run_filler(first)
     assert not any(h in first.pool.cached for h in hashes)
-    assert first.tiers.worker.num_pending >= len(hashes)
+    assert first.tiers.num_pending_stores >= len(hashes)
     threading.Timer(0.2, gate.set).start()
     first.close()  # no flush before: close drains the worker
     second = tiered(tiny_llama_dir, device=16, disk=64, disk_dir=tmp_path / "kv")
-    assert all(h in second.tiers.disk for h in hashes)
+    assert all(h in second.tiers.tier("disk") for h in hashes)
 
 
 def test_async_engine_shutdown_flushes_and_releases_the_disk_tier(tiny_llama_dir, tmp_path):

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from inference.types import SamplingParams, TierCounts
-from tests.inference.helpers import checked, random_prompt
+from inference.types import SamplingParams
+from tests.inference.helpers import by_tier, checked, random_prompt
 from tests.inference.tiers.helpers import committed_hashes, device_kv, push_down, run_filler, same_bytes
 
 GREEDY_16 = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -21,9 +21,9 @@ def test_smollm2_bf16_through_host_and_disk_and_a_restart(tiered, smollm2_dir, t
     hashes = committed_hashes(engine, prompt)
     evicted = device_kv(engine, hashes)
     push_down(engine, hashes, "disk", max_fillers=30)
-    assert engine.tiers.host.stats.demotions > 0  # they went device -> host -> disk
+    assert engine.tiers.tier("host").stats.demotions > 0  # they went device -> host -> disk
     warm = checked(engine.generate(prompt, GREEDY_16))
-    assert warm.usage.cached_tokens_by_tier == TierCounts(disk=288)
+    assert warm.usage.cached_tokens_by_tier == by_tier(disk=288)
     assert warm.token_ids == cold.token_ids
     assert same_bytes(device_kv(engine, hashes), evicted)
 
@@ -31,4 +31,4 @@ def test_smollm2_bf16_through_host_and_disk_and_a_restart(tiered, smollm2_dir, t
     engine.close()
     restarted = tiered(smollm2_dir, device=24, host=8, disk=128, dtype="bfloat16", disk_dir=tmp_path / "kv")
     again = checked(restarted.generate(prompt, GREEDY_16))
-    assert again.usage.cached_tokens_by_tier.disk == 288 and again.token_ids == cold.token_ids
+    assert again.usage.cached_tokens_by_tier["disk"] == 288 and again.token_ids == cold.token_ids

@@ -1,0 +1,27 @@
+"""Admin: an invoice as a document, GET /admin/v1/invoices/{id}/pdf and /html."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.responses import HTMLResponse, Response
+
+from billing import operations
+from billing.api.deps import InvoiceId, SessionDep, SettingsDep
+from billing.api.errors import BillingRoute
+from billing.render import render_html, render_pdf
+
+router = APIRouter(route_class=BillingRoute)
+
+
+@router.get("/invoices/{invoice_id}/pdf", response_class=Response)
+async def get_invoice_pdf(invoice_id: InvoiceId, session: SessionDep, settings: SettingsDep) -> Response:
+    document = await operations.invoice_document(session=session, invoice_id=invoice_id, seller=settings.seller_name)
+    name = document.number or f"draft-{invoice_id}"
+    headers = {"content-disposition": f'inline; filename="{name}.pdf"'}
+    return Response(render_pdf(document), media_type="application/pdf", headers=headers)
+
+
+@router.get("/invoices/{invoice_id}/html", response_class=HTMLResponse)
+async def get_invoice_html(invoice_id: InvoiceId, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
+    document = await operations.invoice_document(session=session, invoice_id=invoice_id, seller=settings.seller_name)
+    return HTMLResponse(render_html(document))

@@ -1,0 +1,154 @@
+"""Billing's admin operations: one function per write (or multi-step read), shared by the API and the CLI.
+
+Each takes an open session (or, where it spans several transactions, the session factory) and
+owns its transaction: it commits what it changed. Reads that are one domain call
+(`usage_queries.list_usage`, `catalog.list_versions`, `invoices.view_invoice`, ...) are called
+directly. Failures are `billing.errors.BillingDomainError`s, which carry their HTTP status.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from pathlib import Path
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from billing import budgets, catalog, credit_notes, invoices, stripe_sync
+from billing.budgets import BudgetStatus, UnknownOwnerError
+from billing.catalog import SeedResult
+from billing.errors import NotConfiguredError
+from billing.models import CreditGrant, CreditNote, KeyBudget
+from billing.prices import PriceSpec, PriceVersion, load_price_file
+from billing.render import InvoiceDocument
+from billing.settings import BillingSettings
+from billing.settlement import Settlement, reverse_charge
+from gateway.models import ApiKey, Tenant
+
+# -- usage ------------------------------------------------------------------------------------
+
+
+async def reverse_usage(*, session: AsyncSession, request_id: str, reason: str) -> Settlement:
+    """Cancel a request's charge (idempotent: a second call finds the first reversal)."""
+    settlement = await reverse_charge(session=session, request_id=request_id, reason=reason)
+    await session.commit()
+    return settlement
+
+
+# -- prices -----------------------------------------------------------------------------------
+
+
+async def add_price(*, session: AsyncSession, spec: PriceSpec, source: str) -> PriceVersion:
+    """A new price version (a change never edits an old one); PriceConflictError if it clashes."""
+    version = await catalog.add_version(session=session, spec=spec, source=source)
+    await session.commit()
+    return version
+
+
+async def seed_prices(*, session: AsyncSession, path: Path) -> SeedResult:
+    """Load a TOML price file into the catalog (idempotent)."""
+    result = await catalog.seed_prices(session=session, specs=load_price_file(path), source=path.name)
+    await session.commit()
+    return result
+
+
+# -- budgets and credit -----------------------------------------------------------------------
+
+
+async def _require_tenant(session: AsyncSession, tenant_id: str) -> None:
+    if await session.get(Tenant, tenant_id) is None:
+        raise UnknownOwnerError(f"no tenant {tenant_id}")
+
+
+async def budget_status(*, session: AsyncSession, tenant_id: str) -> BudgetStatus:
+    await _require_tenant(session, tenant_id)
+    return await budgets.budget_status(session=session, tenant_id=tenant_id)
+
+
+async def set_tenant_budget(
+    *, session: AsyncSession, tenant_id: str, monthly_limit_pico: int | None, prepaid: bool | None
+) -> BudgetStatus:
+    """Set a tenant's monthly limit (None: no limit) and, unless None, its prepaid mode."""
+    await _require_tenant(session, tenant_id)
+    await budgets.set_tenant_budget(
+        session=session, tenant_id=tenant_id, monthly_limit_pico=monthly_limit_pico, prepaid=prepaid
+    )
+    await session.commit()
+    return await budgets.budget_status(session=session, tenant_id=tenant_id)
+
+
+async def set_key_budget(*, session: AsyncSession, key_id: str, monthly_limit_pico: int | None) -> KeyBudget:
+    key = await session.get(ApiKey, key_id)
+    if key is None:
+        raise UnknownOwnerError(f"no API key {key_id}")
+    budget = await budgets.set_key_budget(
+        session=session, tenant_id=key.tenant_id, api_key_id=key_id, monthly_limit_pico=monthly_limit_pico
+    )
+    await session.commit()
+    return budget
+
+
+async def grant_credit(
+    *, session: AsyncSession, tenant_id: str, amount_pico: int, note: str, idempotency_key: str | None
+) -> tuple[CreditGrant, bool]:
+    """Add prepaid credit; (grant, created): a repeated idempotency key returns the first grant."""
+    await _require_tenant(session, tenant_id)
+    grant, created = await budgets.grant_credit(
+        session=session, tenant_id=tenant_id, amount_pico=amount_pico, note=note, idempotency_key=idempotency_key
+    )
+    await session.commit()
+    return grant, created
+
+
+# -- invoices and credit notes ----------------------------------------------------------------------
+
+
+async def list_invoices(
+    *,
+    session: AsyncSession,
+    tenant_id: str | None,
+    status: str | None,
+    month: date | None,
+    limit: int,
+    offset: int = 0,
+) -> list[invoices.InvoiceView]:
+    """Invoices, newest month first; the drafts of months with usage are created first."""
+    await invoices.ensure_drafts(session=session)
+    await session.commit()
+    rows = await invoices.list_invoices(
+        session=session, tenant_id=tenant_id, status=status, month=month, limit=limit, offset=offset
+    )
+    return [await invoices.view_invoice(session=session, invoice_id=row.id) for row in rows]
+
+
+async def finalize_invoice(*, session: AsyncSession, invoice_id: int, number_prefix: str) -> invoices.InvoiceView:
+    view = await invoices.finalize_invoice(session=session, invoice_id=invoice_id, number_prefix=number_prefix)
+    await session.commit()
+    return view
+
+
+async def invoice_document(*, session: AsyncSession, invoice_id: int, seller: str) -> InvoiceDocument:
+    """What the PDF and HTML renderings of an invoice show."""
+    view = await invoices.view_invoice(session=session, invoice_id=invoice_id)
+    return await invoices.invoice_document(session=session, view=view, seller=seller)
+
+
+async def issue_credit_note(
+    *, session: AsyncSession, invoice_id: int, amount_cents: int, reason: str, number_prefix: str
+) -> CreditNote:
+    note = await credit_notes.issue_credit_note(
+        session=session, invoice_id=invoice_id, amount_cents=amount_cents, reason=reason, number_prefix=number_prefix
+    )
+    await session.commit()
+    return note
+
+
+async def push_to_stripe(
+    *, sessions: async_sessionmaker[AsyncSession], settings: BillingSettings, invoice_id: int
+) -> stripe_sync.PushResult:
+    """Mirror a finalized invoice in Stripe (its own transactions around each Stripe call)."""
+    client = stripe_sync.client_from_settings(settings)
+    if client is None:
+        raise NotConfiguredError("Stripe is not configured: set STRIPE_API_KEY")
+    return await stripe_sync.push_invoice(
+        sessions=sessions, client=client, invoice_id=invoice_id, currency=settings.stripe_currency
+    )
