@@ -33,7 +33,6 @@ from inference.types import (
     ErrorKind,
     RequestOutput,
     SamplingParams,
-    TierCounts,
     TokenDelta,
     Usage,
 )
@@ -107,7 +106,7 @@ class RequestHandle:
             cached_tokens=known.cached_tokens if known else 0,
             cache_write_tokens=known.cache_write_tokens if known else 0,
             completion_tokens=len(self._tokens),
-            cached_tokens_by_tier=known.cached_tokens_by_tier if known else TierCounts(),
+            cached_tokens_by_tier=dict(known.cached_tokens_by_tier) if known else {},
             cache_write_tokens_by_ttl=dict(known.cache_write_tokens_by_ttl) if known else {},
         )
         output = RequestOutput(

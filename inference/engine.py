@@ -35,7 +35,6 @@ from inference.types import (
     InvalidRequestError,
     RequestOutput,
     SamplingParams,
-    TierCounts,
     Usage,
 )
 
@@ -447,7 +446,7 @@ class Engine:
         writes = sum(by_ttl.values())
         if cached + writes > prompt:  # the counts that broke an invariant are not reported as written
             by_ttl, writes = {}, 0
-        tiers = request.cached_by_tier if request.cached_by_tier.total == cached else TierCounts(device=cached)
+        tiers = dict(request.cached_by_tier) if sum(request.cached_by_tier.values()) == cached else {"device": cached}
         usage = Usage(
             prompt_tokens=prompt,
             cached_tokens=cached,
