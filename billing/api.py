@@ -20,7 +20,7 @@ from billing import budgets, catalog, credit_notes, invoices, stripe_sync, webho
 from billing.csv_export import UsageRow, iter_csv
 from billing.hooks import GatewayBilling
 from billing.invoice_lines import InvoiceComputation
-from billing.ledger import LedgerError, token_values
+from billing.ledger import LedgerError
 from billing.money import MoneyError, format_usd_exact, usd_to_cents, usd_to_pico
 from billing.periods import parse_month
 from billing.prices import PriceError, PriceSpec, PriceVersion
@@ -493,7 +493,7 @@ async def usage_summary(
             SummaryOut(
                 key=r.key,
                 requests=r.requests,
-                **token_values(r.counts),
+                **r.counts.as_columns(),
                 cost_usd=format_usd_exact(r.cost_pico),
                 uncached_cost_usd=format_usd_exact(r.uncached_cost_pico),
             )

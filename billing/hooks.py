@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from decimal import Decimal
 from pathlib import Path
 
@@ -26,16 +25,14 @@ from billing.pricebook import PriceBook
 from billing.prices import load_price_file
 from billing.service import BillingService, is_database_unavailable
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
-from gateway.billing_hooks import STANDARD_TTLS_S, Admission
+from gateway.billing_hooks import Admission
 from gateway.errors import BillingError
 from gateway.settings import GatewaySettings
-from gateway.usage import UsageEvent, UsageRecorder
+from gateway.usage import UsageRecorder
 from kvgate.db import create_engine, session_factory
+from kvgate.usage import STANDARD_TTLS_S, TTL_BY_SECONDS, UsageEvent
 
 log = structlog.get_logger(__name__)
-
-TTL_NAMES = {300: "5m", 3600: "1h", 86400: "24h"}
 
 
 class BudgetExhaustedError(BillingError):
@@ -53,14 +50,7 @@ def charge_from_event(event: UsageEvent) -> UsageCharge:
         endpoint=event.endpoint,
         status=event.status,
         started_at=event.started_at,
-        counts=TokenCounts(
-            input=event.input_tokens,
-            cache_write_5m=event.cache_write_5m_tokens,
-            cache_write_1h=event.cache_write_1h_tokens,
-            cache_write_24h=getattr(event, "cache_write_24h_tokens", 0),
-            cache_read=event.cache_read_tokens,
-            output=event.output_tokens,
-        ),
+        counts=event.counts,
         ttft_ms=event.ttft_ms,
         latency_ms=event.latency_ms,
     )
@@ -120,14 +110,14 @@ class GatewayBilling:
     def allows_ttl(self, *, model: str, ttl_s: int) -> bool:
         if ttl_s in STANDARD_TTLS_S:
             return True
-        name = TTL_NAMES.get(ttl_s)
-        return name is not None and self.service.allows_ttl(model=model, ttl=name)
+        ttl = TTL_BY_SECONDS.get(ttl_s)
+        return ttl is not None and self.service.allows_ttl(model=model, ttl=ttl.name)
 
     def wrap_recorder(self, recorder: UsageRecorder) -> UsageRecorder:
         return SpoolingUsageRecorder(recorder, self)
 
     async def spool_event(self, event: UsageEvent) -> None:
-        await self.service.spool_with_usage_record(charge_from_event(event), asdict(event))
+        await self.service.spool_with_usage_record(charge_from_event(event), event.as_row())
         self._spooled.add(event.request_id)
 
 

@@ -27,9 +27,9 @@ from billing.prices import PriceVersion
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
 from billing.spool import ReplayResult, Spool
-from billing.tokens import TokenCounts
 from gateway.models import UsageRecord
 from kvgate.db import insert_ignore, utcnow
+from kvgate.usage import TokenCounts
 
 log = structlog.get_logger(__name__)
 

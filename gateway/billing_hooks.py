@@ -14,11 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
-from gateway.usage import Endpoint, UsageEvent
-
-# The TTL classes every deployment offers; others (OpenAI's 24h retention) only when
-# billing's price catalog prices them.
-STANDARD_TTLS_S = frozenset({300, 3600})
+from kvgate.usage import STANDARD_TTLS_S, Endpoint, UsageEvent
 
 
 @dataclass(frozen=True)

@@ -26,20 +26,19 @@ from gateway.ratelimit import Decision, Limits
 from gateway.security import tenant_salt
 from gateway.services.keys import Principal
 from gateway.state import Gateway
-from gateway.usage import Endpoint, UsageEvent, UsageStatus
+from gateway.usage import counts_from_usage
 from inference.types import (
     CacheRegion,
     CacheSpec,
     EngineOverloadedError,
     RequestOutput,
     SamplingParams,
-    Usage,
 )
 from inference.types import InvalidRequestError as EngineInvalidRequest
+from kvgate.usage import Endpoint, TokenCounts, UsageEvent, UsageStatus
 
 log = structlog.get_logger("kvgate.gateway")
 
-TTL_5M, TTL_1H, TTL_24H = 300, 3600, 86400
 OVERLOADED_RETRY_S = 1.0
 
 
@@ -52,41 +51,6 @@ class RequestContext:
     started_at: datetime
     t0: float  # perf_counter at arrival
     log: dict[str, Any] = field(default_factory=dict)  # extra fields for the request's log line
-
-
-@dataclass(frozen=True)
-class TokenCounts:
-    """The engine's counts, split the way both APIs and billing report them."""
-
-    input: int
-    write_5m: int
-    write_1h: int
-    write_24h: int
-    read: int
-    output: int
-
-    @classmethod
-    def from_usage(cls, usage: Usage) -> TokenCounts:
-        by_ttl = usage.cache_write_tokens_by_ttl
-        write_1h = by_ttl.get(TTL_1H, 0)
-        write_24h = by_ttl.get(TTL_24H, 0)
-        return cls(
-            input=usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens,
-            # Any other TTL the engine used is its default (5m) class.
-            write_5m=usage.cache_write_tokens - write_1h - write_24h,
-            write_1h=write_1h,
-            write_24h=write_24h,
-            read=usage.cached_tokens,
-            output=usage.completion_tokens,
-        )
-
-    @property
-    def writes(self) -> int:
-        return self.write_5m + self.write_1h + self.write_24h
-
-    @property
-    def prompt(self) -> int:
-        return self.input + self.writes + self.read
 
 
 @dataclass(frozen=True)
@@ -152,8 +116,8 @@ class Generation:
         """The prompt-side counts as soon as prefill is done (for a stream's first event)."""
         usage = getattr(self.handle, "prompt_usage", None)
         if usage is not None:
-            return TokenCounts.from_usage(usage)
-        return TokenCounts(input=self.prompt_tokens, write_5m=0, write_1h=0, write_24h=0, read=0, output=0)
+            return counts_from_usage(usage)
+        return TokenCounts(input=self.prompt_tokens)
 
     async def complete_or_raise(self) -> tuple[Finished, dict[str, str]]:
         """The finished request and its response headers; a 500 if the engine failed it."""
@@ -192,7 +156,7 @@ class Generation:
         return await asyncio.shield(self._bookkeeping_task)
 
     async def _bookkeeping(self, output: RequestOutput) -> Finished:
-        counts = TokenCounts.from_usage(output.usage)
+        counts = counts_from_usage(output.usage)
         status: UsageStatus = {"cancelled": "cancelled", "error": "error"}.get(output.finish_reason, "ok")  # type: ignore[assignment]
         now = time.perf_counter()
         ttft_ms = None
@@ -205,12 +169,7 @@ class Generation:
             model=self.model,
             endpoint=self.endpoint,
             started_at=self.ctx.started_at,
-            input_tokens=counts.input,
-            cache_write_5m_tokens=counts.write_5m,
-            cache_write_1h_tokens=counts.write_1h,
-            cache_write_24h_tokens=counts.write_24h,
-            cache_read_tokens=counts.read,
-            output_tokens=counts.output,
+            counts=counts,
             ttft_ms=ttft_ms,
             latency_ms=round((now - self.ctx.t0) * 1000),
             status=status,
@@ -228,17 +187,17 @@ class Generation:
                     key_id=self.ctx.principal.api_key_id,
                     limits=self.limits,
                     requests=0,
-                    input_tokens=self.reserved_input - (counts.prompt - counts.read),
+                    input_tokens=self.reserved_input - (counts.prompt_tokens - counts.cache_read),
                 )
             except Exception:
                 log_failure(log, "rate_limit_settle_failed", request_id=event.request_id)
         self.gw.metrics.observe_usage(model=self.model, status=status, counts=counts, output=output)
         self.ctx.log.update(
             status_detail=status,
-            prompt_tokens=counts.prompt,
+            prompt_tokens=counts.prompt_tokens,
             input_tokens=counts.input,
-            cache_read_tokens=counts.read,
-            cache_write_tokens=counts.writes,
+            cache_read_tokens=counts.cache_read,
+            cache_write_tokens=counts.cache_writes,
             output_tokens=counts.output,
             ttft_ms=ttft_ms,
         )

@@ -14,9 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 
 if TYPE_CHECKING:
     from gateway.engine import Engine
-    from gateway.generation import TokenCounts
     from inference.metrics import EngineMetrics
     from inference.types import RequestOutput
+    from kvgate.usage import TokenCounts
 
 # Seconds; from a cache-hit answer of a few tokens to a long cold prefill.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -53,16 +53,8 @@ class GatewayMetrics:
         self._duration.labels(route).observe(seconds)
 
     def observe_usage(self, *, model: str, status: str, counts: TokenCounts, output: RequestOutput) -> None:
-        categories = {
-            "input": counts.input,
-            "cache_write_5m": counts.write_5m,
-            "cache_write_1h": counts.write_1h,
-            "cache_write_24h": counts.write_24h,
-            "cache_read": counts.read,
-            "output": counts.output,
-        }
-        for category, n in categories.items():
-            self._tokens.labels(model, category).inc(n)
+        for category, n in counts.by_category().items():
+            self._tokens.labels(model, category.value).inc(n)
         self._records.labels(model, status).inc()
         if self.engine_metrics is not None:
             self.engine_metrics.record(output)

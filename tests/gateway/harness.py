@@ -25,14 +25,14 @@ import sqlalchemy as sa
 import uvicorn
 
 from gateway.app import create_app
-from gateway.billing_hooks import STANDARD_TTLS_S, Admission
+from gateway.billing_hooks import Admission
 from gateway.errors import BillingError
 from gateway.settings import GatewaySettings
-from gateway.usage import UsageEvent
 from inference.async_engine import AsyncEngine
 from inference.clock import ManualClock
 from inference.settings import EngineSettings
 from kvgate.db import migrate, sync_url
+from kvgate.usage import STANDARD_TTLS_S, UsageEvent
 
 ADMIN_TOKEN = "test-admin-token"
 PG_ADMIN_DSN = os.environ.get("KVGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
