@@ -28,25 +28,14 @@ from billing.render import render_html, render_pdf
 from billing.service import BillingService, is_database_unavailable
 from billing.settlement import reverse_charge
 from billing.usage_queries import UsageFilter, UsageQueryError, iter_usage, list_usage, summarize
-from gateway.errors import GatewayError, InvalidRequestError, NotFoundError
-from gateway.models import ApiKey, Tenant
+from kvgate.errors import ConflictError, InvalidRequestError, NotFoundError, UnavailableError
+from kvgate.tenancy import ApiKey, Tenant
 
 admin_router = APIRouter(tags=["billing"])
 # Ids are 64-bit in the database; a larger number is a 400, not a driver overflow.
 MAX_ID = 2**63 - 1
 InvoiceId = Annotated[int, Path(ge=1, le=MAX_ID)]
 public_router = APIRouter(tags=["billing"])
-
-
-class ConflictError(GatewayError):
-    status = 409
-    anthropic_type = "conflict_error"
-    openai_type = "invalid_request_error"
-
-
-class UnavailableError(GatewayError):
-    status = 503
-    anthropic_type = "api_error"
 
 
 # -- dependencies --------------------------------------------------------------------------

@@ -22,8 +22,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
 from billing.periods import month_start, period_key
-from gateway.models import ApiKey, Tenant
 from kvgate.db import insert_ignore, utcnow
+from kvgate.errors import BillingError, InvalidRequestError
+from kvgate.tenancy import ApiKey, Tenant
 
 TENANT_MONTH = "tenant_month"
 KEY_MONTH = "key_month"
@@ -31,7 +32,7 @@ TENANT_CREDIT = "tenant_credit"
 ALL_TIME = "all"
 
 
-class BudgetError(ValueError):
+class BudgetError(InvalidRequestError, ValueError):
     pass
 
 
@@ -44,8 +45,13 @@ async def _require_tenant(session: AsyncSession, tenant_id: str) -> None:
         raise UnknownOwnerError(f"no tenant {tenant_id}")
 
 
-class BudgetExceededError(Exception):
-    """Admitting the request could overrun a limit; nothing was reserved."""
+class BudgetExceededError(BillingError):
+    """Admitting the request could overrun a limit; nothing was reserved.
+
+    402 billing_error on the Anthropic API; OpenAI spells an exhausted quota 429 insufficient_quota.
+    """
+
+    openai_status = 429
 
     def __init__(self, *, scope: str, limit_pico: int, spent_pico: int, reserved_pico: int, needed_pico: int):
         self.scope = scope

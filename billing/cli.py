@@ -29,9 +29,9 @@ from billing.service import BillingService
 from billing.settings import BillingSettings
 from billing.settlement import reverse_charge
 from billing.usage_queries import GROUP_BYS, UsageFilter, UsageQueryError, iter_usage, list_usage, summarize
-from gateway.errors import GatewayError
-from gateway.settings import GatewaySettings
 from kvgate.db import migrate, open_database
+from kvgate.errors import KvgateError
+from kvgate.settings import KvgateSettings
 
 Action = Callable[[BillingService, argparse.Namespace], Awaitable[None]]
 
@@ -45,7 +45,7 @@ _USER_ERRORS = (
     invoices.InvoiceError,
     credit_notes.CreditNoteError,
     stripe_sync.StripeSyncError,
-    GatewayError,
+    KvgateError,
     ValueError,
 )
 
@@ -165,7 +165,7 @@ def _filters(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _command(action: Action) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        url = GatewaySettings().database_url
+        url = KvgateSettings().database_url
         migrate(url)
 
         async def run() -> None:
@@ -433,7 +433,7 @@ async def _credit_notes_list(service: BillingService, args: argparse.Namespace) 
 
 
 async def _budgets_show(service: BillingService, args: argparse.Namespace) -> None:
-    from gateway.models import Tenant
+    from kvgate.tenancy import Tenant
 
     async with service.sessions() as session:
         if await session.get(Tenant, args.tenant_id) is None:
@@ -454,7 +454,7 @@ async def _budgets_set(service: BillingService, args: argparse.Namespace) -> Non
 
 
 async def _budgets_set_key(service: BillingService, args: argparse.Namespace) -> None:
-    from gateway.models import ApiKey
+    from kvgate.tenancy import ApiKey
 
     async with service.sessions() as session:
         key = await session.get(ApiKey, args.key_id)

@@ -8,9 +8,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing.invoices import DRAFT, InvoiceStateError, get_invoice
 from billing.models import CreditNote, Invoice
 from billing.numbering import next_number
+from kvgate.errors import InvalidRequestError
 
 
-class CreditNoteError(ValueError):
+class CreditNoteError(InvalidRequestError, ValueError):
     pass
 
 

@@ -18,7 +18,6 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import budgets, catalog
-from billing.budgets import BudgetExceededError
 from billing.ledger import UsageCharge
 from billing.money import pico_to_usd
 from billing.pricebook import PriceBook
@@ -26,19 +25,12 @@ from billing.prices import load_price_file
 from billing.service import BillingService, is_database_unavailable
 from billing.settings import BillingSettings
 from gateway.billing_hooks import Admission
-from gateway.errors import BillingError
-from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
 from kvgate.db import create_engine, session_factory
+from kvgate.settings import KvgateSettings
 from kvgate.usage import STANDARD_TTLS_S, TTL_BY_SECONDS, UsageEvent
 
 log = structlog.get_logger(__name__)
-
-
-class BudgetExhaustedError(BillingError):
-    """402 billing_error on the Anthropic API; OpenAI spells an exhausted quota 429 insufficient_quota."""
-
-    openai_status = 429
 
 
 def charge_from_event(event: UsageEvent) -> UsageCharge:
@@ -78,17 +70,15 @@ class GatewayBilling:
             self._upkeep = None
 
     async def admit(self, admission: Admission) -> None:
-        try:
-            await self.service.admit(
-                request_id=admission.request_id,
-                tenant_id=admission.tenant_id,
-                api_key_id=admission.api_key_id,
-                model=admission.model,
-                prompt_tokens=admission.prompt_tokens,
-                max_output_tokens=admission.max_output_tokens,
-            )
-        except BudgetExceededError as exc:
-            raise BudgetExhaustedError(str(exc)) from exc
+        # A refusal is a BudgetExceededError: a BillingError the gateway renders (402, or 429 on OpenAI's API).
+        await self.service.admit(
+            request_id=admission.request_id,
+            tenant_id=admission.tenant_id,
+            api_key_id=admission.api_key_id,
+            model=admission.model,
+            prompt_tokens=admission.prompt_tokens,
+            max_output_tokens=admission.max_output_tokens,
+        )
 
     async def release(self, admission: Admission) -> None:
         try:
@@ -173,7 +163,7 @@ def _prepare_catalog(database_url: str, settings: BillingSettings) -> PriceBook:
 def create_billing_hooks(
     *,
     sessions: async_sessionmaker[AsyncSession],
-    settings: GatewaySettings,
+    settings: KvgateSettings,
     billing_settings: BillingSettings | None = None,
 ) -> GatewayBilling:
     billing_settings = billing_settings or BillingSettings()

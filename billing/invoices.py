@@ -21,8 +21,9 @@ from billing.models import CreditNote, Invoice, InvoiceLineRow, LedgerEntry, Pri
 from billing.numbering import next_number
 from billing.periods import finalizable_at, month_bounds, month_start
 from billing.render import CreditNoteSummary, InvoiceDocument
-from gateway.models import Tenant
 from kvgate.db import insert_ignore, utcnow
+from kvgate.errors import ConflictError, NotFoundError
+from kvgate.tenancy import Tenant
 from kvgate.usage import Category, EntryKind, TokenCounts
 
 DRAFT = "draft"
@@ -36,11 +37,11 @@ class InvoiceError(Exception):
     pass
 
 
-class InvoiceNotFoundError(InvoiceError):
+class InvoiceNotFoundError(NotFoundError, InvoiceError):
     pass
 
 
-class InvoiceStateError(InvoiceError):
+class InvoiceStateError(ConflictError, InvoiceError):
     """The invoice is not in a state that allows this (e.g. finalizing a running month)."""
 
 

@@ -18,6 +18,7 @@ from billing.models import Invoice, LedgerEntry
 from billing.periods import month_start
 from billing.prices import PriceVersion
 from kvgate.db import insert_ignore, utcnow
+from kvgate.errors import InvalidRequestError, NotFoundError
 from kvgate.usage import EntryKind, TokenCounts
 
 # The entry's token columns in TokenCounts' field order, so their sums make TokenCounts(*sums).
@@ -30,7 +31,11 @@ DUPLICATES = Counter(
 )
 
 
-class LedgerError(ValueError):
+class LedgerError(InvalidRequestError, ValueError):
+    pass
+
+
+class UsageEntryNotFoundError(NotFoundError, LedgerError):
     pass
 
 
@@ -154,7 +159,7 @@ async def reverse_usage(
     now = now or utcnow()
     original = await _find(session, request_id, EntryKind.USAGE)
     if original is None:
-        raise LedgerError(f"no usage entry for request {request_id!r}")
+        raise UsageEntryNotFoundError(f"no usage entry for request {request_id!r}")
     existing = await _find(session, request_id, EntryKind.REVERSAL)
     if existing is not None:
         DUPLICATES.labels(kind=EntryKind.REVERSAL).inc()

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 
+from kvgate.errors import InvalidRequestError
+
 PICO_PER_USD = 10**12
 PICO_PER_CENT = 10**10
 TOKENS_PER_MTOK = 10**6
@@ -16,7 +18,7 @@ TOKENS_PER_MTOK = 10**6
 PICO_PER_TOKEN_PER_USD_PER_MTOK = PICO_PER_USD // TOKENS_PER_MTOK
 
 
-class MoneyError(ValueError):
+class MoneyError(InvalidRequestError, ValueError):
     """An amount that cannot be represented exactly."""
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from billing.money import PICO_PER_TOKEN_PER_USD_PER_MTOK
+from kvgate.errors import InvalidRequestError
 from kvgate.usage import TTL_CLASSES, Category, TokenCounts
 
 DEFAULT_PRICE_FILE = Path(__file__).with_name("prices.toml")
@@ -34,7 +35,7 @@ _MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
 _ENTRY_KEYS = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS}
 
 
-class PriceError(ValueError):
+class PriceError(InvalidRequestError, ValueError):
     """A catalog entry that is malformed or cannot be priced exactly."""
 
 

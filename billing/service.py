@@ -27,8 +27,8 @@ from billing.prices import PriceVersion
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
 from billing.spool import ReplayResult, Spool
-from gateway.models import UsageRecord
 from kvgate.db import insert_ignore, utcnow
+from kvgate.tenancy import UsageRecord
 from kvgate.usage import TokenCounts
 
 log = structlog.get_logger(__name__)

@@ -13,13 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing.csv_export import UsageRow
 from billing.ledger import TOKEN_COLUMNS
 from billing.models import LedgerEntry
+from kvgate.errors import InvalidRequestError
 from kvgate.usage import EntryKind, TokenCounts
 
 GroupBy = Literal["day", "model", "key"]
 GROUP_BYS: tuple[GroupBy, ...] = ("day", "model", "key")
 
 
-class UsageQueryError(ValueError):
+class UsageQueryError(InvalidRequestError, ValueError):
     pass
 
 

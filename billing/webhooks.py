@@ -17,13 +17,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from billing.invoices import InvoiceStateError, set_payment_status
 from billing.models import Invoice, WebhookEvent
 from kvgate.db import insert_ignore, utcnow
+from kvgate.errors import InvalidRequestError
 
 SOURCE = "stripe"
 PAID_EVENTS = frozenset({"invoice.paid", "invoice.payment_succeeded"})
 FAILED_EVENTS = frozenset({"invoice.payment_failed"})
 
 
-class WebhookSignatureError(ValueError):
+class WebhookSignatureError(InvalidRequestError, ValueError):
     pass
 
 

@@ -32,7 +32,7 @@ class Admission:
 
 class BillingHooks(Protocol):
     async def admit(self, admission: Admission) -> None:
-        """Raise gateway.errors.BillingError (402) to refuse the request before it runs."""
+        """Raise kvgate.errors.BillingError (402) to refuse the request before it runs."""
         ...
 
     async def release(self, admission: Admission) -> None:

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
 from kvgate.db import migrate, open_database, utcnow
+from kvgate.errors import KvgateError
 
 
 def register(subparsers: Any) -> None:
@@ -64,7 +64,7 @@ def _db_command(action: Callable[[Any, argparse.Namespace], Awaitable[None]]) ->
 
         try:
             asyncio.run(run())
-        except GatewayError as exc:
+        except KvgateError as exc:
             print(f"error: {exc.message}", file=sys.stderr)
             return 1
         return 0
@@ -132,7 +132,7 @@ async def _keys_list(session: Any, args: argparse.Namespace) -> None:
 async def _has_tenants(url: str) -> bool:
     from sqlalchemy import func, select
 
-    from gateway.models import Tenant
+    from kvgate.tenancy import Tenant
 
     async with open_database(url) as sessions, sessions() as session:
         return bool(await session.scalar(select(func.count()).select_from(Tenant)))

@@ -19,7 +19,6 @@ import structlog
 
 from gateway.billing_hooks import Admission
 from gateway.engine import Handle
-from gateway.errors import ApiError, InvalidRequestError, OverloadedError, RateLimitError
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
@@ -35,6 +34,7 @@ from inference.types import (
     SamplingParams,
 )
 from inference.types import InvalidRequestError as EngineInvalidRequest
+from kvgate.errors import ApiError, InvalidRequestError, OverloadedError, RateLimitError
 from kvgate.usage import Endpoint, TokenCounts, UsageEvent, UsageStatus
 
 log = structlog.get_logger("kvgate.gateway")

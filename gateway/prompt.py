@@ -24,7 +24,7 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from gateway.errors import InvalidRequestError
+from kvgate.errors import InvalidRequestError
 
 # Text blocks of one message are joined like paragraphs.
 BLOCK_SEPARATOR = "\n\n"

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from gateway.models import UsageRecord
 from inference.types import Usage
 from kvgate.db import create_sync_engine, dialect_insert
+from kvgate.tenancy import UsageRecord
 from kvgate.usage import DEFAULT_TTL, TTL_CLASSES, TokenCounts, UsageEvent
 
 

@@ -24,7 +24,7 @@ from kvgate import REPO_ROOT
 
 # Every package that defines tables lists its models module here, so Alembic's
 # autogenerate and the drift check see one complete metadata.
-MODEL_MODULES = ("gateway.models", "billing.models")
+MODEL_MODULES = ("kvgate.tenancy", "billing.models")
 
 # Stable constraint names make migrations reproducible across SQLite and PostgreSQL.
 NAMING_CONVENTION = {

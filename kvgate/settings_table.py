@@ -12,6 +12,7 @@ from kvgate import REPO_ROOT
 
 SETTINGS_CLASSES = (
     ("inference.settings", "EngineSettings", "engine"),
+    ("kvgate.settings", "KvgateSettings", "shared"),
     ("gateway.settings", "GatewaySettings", "gateway"),
     ("billing.settings", "BillingSettings", "billing"),
 )
@@ -41,7 +42,11 @@ def settings_table() -> str:
     for module, cls_name, part in SETTINGS_CLASSES:
         cls = getattr(importlib.import_module(module), cls_name)
         prefix = cls.model_config.get("env_prefix", "")
+        # A setting inherited from another listed class (GatewaySettings' database URL) has its row there.
+        inherited = {name for base in cls.__mro__[1:] for name in getattr(base, "model_fields", {})}
         for name, field in cls.model_fields.items():
+            if name in inherited:
+                continue
             default = _default(field)
             default = default.replace(str(REPO_ROOT) + "/", "").replace(str(Path.home()), "~")
             description = (field.description or "").replace("|", "\\|")

@@ -17,7 +17,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from gateway.settings import DEFAULT_DATABASE_URL
+    from kvgate.settings import DEFAULT_DATABASE_URL
 
     return sync_url(os.environ.get("KVGATE_DATABASE_URL", DEFAULT_DATABASE_URL))
 

@@ -8,13 +8,13 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.errors import AuthenticationError
 from gateway.generation import RequestContext
 from gateway.security import hash_secret
 from gateway.services.keys import authenticate
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
 from kvgate.db import utcnow
+from kvgate.errors import AuthenticationError
 
 
 # Dependencies are async even when they do not await: FastAPI runs plain `def`

@@ -10,9 +10,9 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import dialect_for, render_error
-from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTooLargeError
 from gateway.logs import log_failure
 from kvgate.db import utcnow
+from kvgate.errors import ApiError, InvalidRequestError, KvgateError, RequestTooLargeError
 
 log = structlog.get_logger("kvgate.request")
 
@@ -101,7 +101,7 @@ class RequestContextMiddleware:
             if not too_large and not nul:
                 await send_with_id(message)
 
-        async def fail(error: GatewayError) -> None:
+        async def fail(error: KvgateError) -> None:
             fields["error_type"] = error.anthropic_type
             response = render_error(error, dialect=dialect_for(path, headers), request_id=request_id)
             await response(scope, receive, send_with_id)

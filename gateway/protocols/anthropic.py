@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
 from gateway.protocols.common import OtherType, Strict, type_tag
+from kvgate.errors import InvalidRequestError
 from kvgate.usage import TTL_BY_NAME
 
 MAX_BREAKPOINTS = 4

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
 from gateway.protocols.common import OtherType, Strict, type_tag
+from kvgate.errors import InvalidRequestError
 from kvgate.usage import CACHE_5M, CACHE_24H
 
 # prompt_cache_retention as OpenAI spells it, to our TTL classes.

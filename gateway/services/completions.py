@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from gateway.cache_regions import automatic_region, breakpoint_regions
-from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.generation import Prepared, output_budget
 from gateway.protocols import anthropic, openai
 from gateway.state import Gateway
 from inference.types import SamplingParams
+from kvgate.errors import InvalidRequestError, ModelNotFoundError
 from kvgate.usage import STANDARD_TTLS_S
 
 # Below this a temperature is greedy and a top_p keeps only the top token (vLLM's

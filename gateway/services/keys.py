@@ -8,8 +8,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
-from gateway.models import TENANT_ACTIVE, ApiKey, Tenant
 from gateway.security import (
     constant_time_equal,
     display_prefix,
@@ -20,6 +18,8 @@ from gateway.security import (
 )
 from gateway.services.tenants import get_tenant
 from kvgate.db import utcnow
+from kvgate.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from kvgate.tenancy import TENANT_ACTIVE, ApiKey, Tenant
 
 # last_used_at is informational; refreshing it at most this often keeps auth read-only
 # on the hot path.

@@ -26,12 +26,12 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.billing_hooks import Admission
-from gateway.errors import BillingError
 from gateway.settings import GatewaySettings
 from inference.async_engine import AsyncEngine
 from inference.clock import ManualClock
 from inference.settings import EngineSettings
 from kvgate.db import migrate, sync_url
+from kvgate.errors import BillingError
 from kvgate.usage import STANDARD_TTLS_S, UsageEvent
 
 ADMIN_TOKEN = "test-admin-token"

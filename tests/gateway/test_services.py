@@ -10,12 +10,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
-from gateway.models import ApiKey, UsageRecord
 from gateway.security import hash_secret
 from gateway.services import keys, server_state, tenants
 from gateway.usage import DatabaseUsageRecorder
 from kvgate.db import utcnow
+from kvgate.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from kvgate.tenancy import ApiKey, UsageRecord
 from kvgate.usage import TokenCounts, UsageEvent
 
 Sessions = async_sessionmaker[AsyncSession]
