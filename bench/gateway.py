@@ -72,9 +72,9 @@ def messages_body(model: str) -> dict[str, Any]:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.billing_hooks import NoBilling
     from gateway.settings import GatewaySettings
+    from kvgate.app import create_app
     from kvgate.db import migrate
 
     settings = GatewaySettings(

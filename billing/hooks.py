@@ -1,7 +1,7 @@
 """Billing as the gateway sees it: the BillingHooks seam (admit, release, settle, allows_ttl),
 a usage-recorder wrapper that spools when the database is away, and the upkeep task.
 
-The gateway finds this module by name (gateway.app.BILLING_HOOKS_MODULE) and calls
+kvgate.app (the composition root) hands create_billing_hooks to the gateway, which calls
 create_billing_hooks(sessions=..., settings=...) in its lifespan.
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -20,12 +21,15 @@ from gateway.settings import GatewaySettings
 from kvgate.db import migrate, open_database, utcnow
 from kvgate.errors import KvgateError
 
+# Builds the app `kvgate serve` runs (kvgate.app.create_app: the gateway with billing wired in).
+AppFactory = Callable[[GatewaySettings], Any]
 
-def register(subparsers: Any) -> None:
+
+def register(subparsers: Any, *, app_factory: AppFactory) -> None:
     serve = subparsers.add_parser("serve", help="run the gateway with the embedded engine")
     serve.add_argument("--host", help="default KVGATE_HOST or 127.0.0.1")
     serve.add_argument("--port", type=int, help="default KVGATE_PORT or 8080")
-    serve.set_defaults(handler=cmd_serve)
+    serve.set_defaults(handler=functools.partial(cmd_serve, app_factory=app_factory))
 
     tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
     create = tenants.add_parser("create", help="create a tenant")
@@ -153,10 +157,9 @@ then point an SDK at http://{host}:{port}:
 """
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory) -> int:
     import uvicorn
 
-    from gateway.app import create_app
     from kvgate.logs import configure_logging
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
@@ -168,5 +171,5 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"kvgate: database {make_url(settings.database_url)!r} is migrated", file=sys.stderr, flush=True)
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_config=None, access_log=False)
+    uvicorn.run(app_factory(settings), host=settings.host, port=settings.port, log_config=None, access_log=False)
     return 0

@@ -1,4 +1,4 @@
-"""Alembic environment: one metadata for all packages (see kvgate.db.MODEL_MODULES)."""
+"""Alembic environment: one metadata for all packages (kvgate.app.load_models, the composition root)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from kvgate.db import load_models, sync_url
+from kvgate.app import load_models
+from kvgate.db import sync_url
 
 config = context.config
 target_metadata = load_models()

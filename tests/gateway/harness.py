@@ -24,12 +24,12 @@ import openai
 import sqlalchemy as sa
 import uvicorn
 
-from gateway.app import create_app
 from gateway.billing_hooks import Admission
 from gateway.settings import GatewaySettings
 from inference.async_engine import AsyncEngine
 from inference.clock import ManualClock
 from inference.settings import EngineSettings
+from kvgate.app import create_app
 from kvgate.db import migrate, sync_url
 from kvgate.errors import BillingError
 from kvgate.usage import STANDARD_TTLS_S, UsageEvent
@@ -121,7 +121,7 @@ class GatewayServer:
         **settings: Any,
     ) -> None:
         """`billing`: the hooks to use (a ScriptedBilling by default); `discover_billing`: none, so the
-        app finds billing's real hooks as `kvgate serve` does; `wrap_engine`: applied to the engine the
+        app builds billing's real hooks as `kvgate serve` does; `wrap_engine`: applied to the engine the
         app builds (for tests that need to hold requests in flight)."""
         self.database_url = database_url
         self.port = free_port()
