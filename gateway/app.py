@@ -18,8 +18,9 @@ from gateway.api.errors import install_error_handlers
 from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.auth_cache import PrincipalCache
+from gateway.backends.base import EngineClient
+from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import BillingHooks, NoBilling
-from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
@@ -30,15 +31,9 @@ from gateway.usage import DatabaseUsageRecorder, UsageRecorder
 from kvgate import __version__
 from kvgate.db import create_engine, session_factory
 
-EngineFactory = Callable[[], Engine]
+EngineFactory = Callable[[], EngineClient]
 # Builds the billing hooks in the lifespan, once the database sessions exist.
 BillingFactory = Callable[..., BillingHooks]
-
-
-def default_engine() -> Engine:
-    from inference.async_engine import AsyncEngine
-
-    return AsyncEngine.from_settings()
 
 
 def _build_billing(
@@ -54,7 +49,7 @@ def _build_billing(
 def create_app(
     settings: GatewaySettings | None = None,
     *,
-    engine_factory: EngineFactory = default_engine,
+    engine_factory: EngineFactory = EmbeddedEngine.from_settings,
     billing: BillingHooks | None = None,
     billing_factory: BillingFactory | None = None,
     admin_routers: Sequence[APIRouter] = (),

@@ -17,8 +17,8 @@ from typing import Any
 
 import structlog
 
+from gateway.backends.base import Handle
 from gateway.billing_hooks import Admission
-from gateway.engine import Handle
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
@@ -114,7 +114,7 @@ class Generation:
 
     def early_counts(self) -> TokenCounts:
         """The prompt-side counts as soon as prefill is done (for a stream's first event)."""
-        usage = getattr(self.handle, "prompt_usage", None)
+        usage = self.handle.prompt_usage
         if usage is not None:
             return counts_from_usage(usage)
         return TokenCounts(input=self.prompt_tokens)

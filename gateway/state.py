@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth_cache import PrincipalCache
+from gateway.backends.base import EngineClient
 from gateway.billing_hooks import BillingHooks
-from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.ratelimit import Limits, RateLimiter
@@ -24,7 +24,7 @@ from gateway.usage import UsageRecorder
 @dataclass
 class Gateway:
     settings: GatewaySettings
-    engine: Engine
+    engine: EngineClient
     renderer: PromptRenderer
     sessions: async_sessionmaker[AsyncSession]
     limiter: RateLimiter

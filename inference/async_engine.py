@@ -18,6 +18,7 @@ import structlog
 from inference.clock import Clock
 from inference.engine import Engine, StepOutput
 from inference.settings import EngineSettings
+from inference.stats import EngineStats, make_engine_stats
 from inference.types import (
     CacheSpec,
     EngineError,
@@ -66,7 +67,7 @@ class RequestHandle:
 
     def cancel(self) -> None:
         if not self._result.done():
-            self._engine._abort(self.request_id)
+            self._engine.abort(self.request_id)
 
     def _push(self, out: StepOutput) -> None:
         if out.prompt_usage is not None:
@@ -174,6 +175,15 @@ class AsyncEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def stats(self) -> EngineStats | None:
+        """A snapshot of the engine's counters and gauges; None before start()."""
+        return make_engine_stats(self.core) if self.core is not None else None
+
+    async def check_health(self) -> None:
+        """Raise EngineError unless the engine is started, stepping, and not shutting down."""
+        if self.core is None or self._thread is None or not self._thread.is_alive() or self._stopping:
+            raise EngineError("the engine is not running")
+
     # -- requests -----------------------------------------------------------------------
 
     def submit(
@@ -208,7 +218,8 @@ class AsyncEngine:
         """Submit and wait for the final output."""
         return await self.submit(prompt_token_ids, params, cache or CacheSpec()).result()
 
-    def _abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> None:
+        """Stop a request (no-op if it already finished); its handle's result() says "cancelled"."""
         with self._wake:
             self._inbox.append(("abort", request_id))
             self._wake.notify()

@@ -14,6 +14,7 @@ from billing import api as billing_api
 from billing import models as billing_models
 from billing.hooks import create_billing_hooks
 from gateway import app as gateway_app
+from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import BillingHooks
 from gateway.ratelimit import RateLimiter
 from gateway.settings import GatewaySettings
@@ -33,7 +34,7 @@ def load_models() -> MetaData:
 def create_app(
     settings: GatewaySettings | None = None,
     *,
-    engine_factory: gateway_app.EngineFactory = gateway_app.default_engine,
+    engine_factory: gateway_app.EngineFactory = EmbeddedEngine.from_settings,
     billing: BillingHooks | None = None,
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,

@@ -24,6 +24,7 @@ import openai
 import sqlalchemy as sa
 import uvicorn
 
+from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import Admission
 from gateway.settings import GatewaySettings
 from inference.async_engine import AsyncEngine
@@ -142,7 +143,7 @@ class GatewayServer:
         wrap = wrap_engine or (lambda engine: engine)
         self.app = create_app(
             self.settings,
-            engine_factory=lambda: wrap(AsyncEngine.from_settings(engine_settings, clock=self.clock)),
+            engine_factory=lambda: wrap(EmbeddedEngine(AsyncEngine.from_settings(engine_settings, clock=self.clock))),
             billing=self._billing,
         )
         self._server = uvicorn.Server(
