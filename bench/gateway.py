@@ -72,9 +72,9 @@ def messages_body(model: str) -> dict[str, Any]:
 def serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.billing_hooks import NoBilling
     from gateway.settings import GatewaySettings
+    from kvgate.app import create_app
     from kvgate.db import migrate
 
     settings = GatewaySettings(
@@ -87,11 +87,11 @@ def serve(args: argparse.Namespace) -> None:
         def factory() -> Any:
             return InstantEngine(Path(args.model))
     else:
-        from inference.async_engine import AsyncEngine
+        from gateway.backends.embedded import EmbeddedEngine
         from inference.settings import EngineSettings
 
         def factory() -> Any:
-            return AsyncEngine.from_settings(EngineSettings(model=args.model, dtype="float32", kv_cache_gib=0.1))
+            return EmbeddedEngine.from_settings(EngineSettings(model=args.model, dtype="float32", kv_cache_gib=0.1))
 
     # Billing's hooks are their own benchmark; this one measures the gateway's seam with the no-op.
     app = create_app(settings, engine_factory=factory, billing=NoBilling())

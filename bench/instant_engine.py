@@ -1,7 +1,8 @@
 """An engine stand-in that answers at once, for measuring the gateway alone. Benchmarks only: never in tests.
 
 It renders and tokenizes like the real engine (same tokenizer and chat template) and
-returns one fixed token, so what a benchmark measures is the gateway's own work.
+returns one fixed token, so what a benchmark measures is the gateway's own work. It is an
+EngineClient (gateway.backends.base) like the embedded engine, with no cache and no stats.
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from inference.stats import EngineStats
 from inference.types import CacheSpec, RequestOutput, SamplingParams, TokenDelta, Usage
 
 
 class InstantHandle:
+    prompt_usage: Usage | None = None  # nothing is cached: the stream's first event counts the prompt as input
+
     def __init__(self, request_id: str, prompt: Sequence[int]) -> None:
         self.request_id = request_id
         self._prompt = tuple(prompt)
@@ -64,3 +68,12 @@ class InstantEngine:
     ) -> InstantHandle:
         self._next += 1
         return InstantHandle(request_id or f"instant-{self._next}", prompt_token_ids)
+
+    def abort(self, request_id: str) -> None:
+        pass  # every request is finished as soon as it is submitted
+
+    async def check_health(self) -> None:
+        pass
+
+    def stats(self) -> EngineStats | None:
+        return None

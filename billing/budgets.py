@@ -25,8 +25,9 @@ from billing.errors import BillingDomainError
 from billing.models import BudgetCounter, BudgetReservation, CreditGrant, KeyBudget, TenantBudget
 from billing.money import MAX_AMOUNT_PICO, PICO_PER_CENT, format_usd
 from billing.periods import month_start, period_key
-from gateway.models import ApiKey, Tenant
 from kvgate.db import insert_ignore, utcnow
+from kvgate.errors import BillingError, NotFoundError
+from kvgate.tenancy import ApiKey, Tenant
 
 TENANT_MONTH = "tenant_month"
 KEY_MONTH = "key_month"
@@ -36,13 +37,11 @@ ALL_TIME = "all"
 
 class BudgetError(BillingDomainError, ValueError):
     def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.field = field  # the input at fault, as the admin API names it
+        super().__init__(f"{field}: {message}" if field else message, field=field)
 
 
-class UnknownOwnerError(BudgetError):
-    status = 404
-    error_type = "not_found_error"
+class UnknownOwnerError(NotFoundError, BudgetError):
+    pass
 
 
 def _check_limit(monthly_limit_pico: int | None) -> None:
@@ -63,8 +62,13 @@ async def _require_tenant(session: AsyncSession, tenant_id: str) -> None:
         raise UnknownOwnerError(f"no tenant {tenant_id}")
 
 
-class BudgetExceededError(Exception):
-    """Admitting the request could overrun a limit; nothing was reserved."""
+class BudgetExceededError(BillingError):
+    """Admitting the request could overrun a limit; nothing was reserved.
+
+    402 billing_error on the Anthropic API; OpenAI spells an exhausted quota 429 insufficient_quota.
+    """
+
+    openai_status = 429
 
     def __init__(self, *, scope: str, limit_pico: int, spent_pico: int, reserved_pico: int, needed_pico: int):
         self.scope = scope

@@ -11,13 +11,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from billing.models import PriceVersionRow
 from billing.pricebook import PriceBook
 from billing.prices import PriceError, PriceSpec, PriceVersion
+from kvgate.errors import ConflictError
 
 
-class PriceConflictError(PriceError):
+class PriceConflictError(ConflictError, PriceError):
     """A version for this model and effective_from already exists with other prices."""
-
-    status = 409
-    error_type = "conflict_error"
 
 
 @dataclass(frozen=True)

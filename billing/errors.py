@@ -1,27 +1,25 @@
-"""The base of billing's domain errors: each class carries the HTTP status and error type it is shown with.
+"""Billing's domain errors: kvgate errors (kvgate.errors), so each carries its HTTP status and its
+type per API, and the gateway's one mapping (gateway.api.errors) renders them.
 
-Domain code raises them without knowing about HTTP; the API maps every one in a single place
-(`billing.api.errors`), and the CLI prints its message with exit status 1. A subclass overrides
-`status` and `error_type` (the Anthropic-style `error.type`, which the admin API speaks).
+Domain code raises them without knowing about HTTP; the CLI prints the message with exit status 1.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from kvgate.errors import InvalidRequestError, UnavailableError
+
+__all__ = ["BillingDomainError", "NotConfiguredError", "UnavailableError"]
 
 
-class BillingDomainError(Exception):
-    """Bad input or a state that forbids the operation; never a server fault."""
+class BillingDomainError(InvalidRequestError):
+    """Bad input or a state that forbids the operation (a 400 unless a subclass says otherwise).
 
-    status: ClassVar[int] = 400
-    error_type: ClassVar[str] = "invalid_request_error"
+    `field` names the input at fault, as the admin API or the CLI names it; the API reports it as `param`.
+    """
 
-
-class UnavailableError(BillingDomainError):
-    """The database is away right now: retry shortly."""
-
-    status = 503
-    error_type = "api_error"
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message, param=field)
+        self.field = field
 
 
 class NotConfiguredError(BillingDomainError):
@@ -30,6 +28,3 @@ class NotConfiguredError(BillingDomainError):
     A 400, not a 503: the request cannot succeed until an operator changes the settings,
     so a client must not retry it as if the server were briefly unavailable.
     """
-
-    status = 400
-    error_type = "invalid_request_error"

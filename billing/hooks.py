@@ -1,7 +1,7 @@
 """Billing as the gateway sees it: the BillingHooks seam (admit, release, settle, allows_ttl),
 a usage-recorder wrapper that spools when the database is away, and the upkeep task.
 
-The gateway finds this module by name (gateway.app.BILLING_HOOKS_MODULE) and calls
+kvgate.app (the composition root) hands create_billing_hooks to the gateway, which calls
 create_billing_hooks(sessions=..., settings=...) in its lifespan.
 """
 
@@ -19,30 +19,21 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import catalog
-from billing.budgets import BudgetExceededError
 from billing.ledger import UsageCharge
 from billing.money import pico_to_usd
 from billing.pricebook import PriceBook
 from billing.prices import load_price_file
 from billing.service import BillingService, BudgetUnavailableError
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts, billed_counts
-from gateway.billing_hooks import STANDARD_TTLS_S, Admission
-from gateway.errors import DATABASE_RETRY_AFTER_S, BillingError, DatabaseUnavailableError
-from gateway.settings import GatewaySettings
-from gateway.usage import UsageEvent, UsageRecorder
+from gateway.billing_hooks import Admission
+from gateway.usage import UsageRecorder
 from kvgate.db import create_engine, session_factory
 from kvgate.db_health import is_database_unavailable
+from kvgate.errors import DATABASE_RETRY_AFTER_S, DatabaseUnavailableError
+from kvgate.settings import KvgateSettings
+from kvgate.usage import STANDARD_TTLS_S, TTL_BY_SECONDS, UsageEvent, billed_counts
 
 log = structlog.get_logger(__name__)
-
-TTL_NAMES = {300: "5m", 3600: "1h", 86400: "24h"}
-
-
-class BudgetExhaustedError(BillingError):
-    """402 billing_error on the Anthropic API; OpenAI spells an exhausted quota 429 insufficient_quota."""
-
-    openai_status = 429
 
 
 def charge_from_event(event: UsageEvent) -> UsageCharge:
@@ -54,17 +45,7 @@ def charge_from_event(event: UsageEvent) -> UsageCharge:
         endpoint=event.endpoint,
         status=event.status,
         started_at=event.started_at,
-        counts=billed_counts(
-            TokenCounts(
-                input=event.input_tokens,
-                cache_write_5m=event.cache_write_5m_tokens,
-                cache_write_1h=event.cache_write_1h_tokens,
-                cache_write_24h=getattr(event, "cache_write_24h_tokens", 0),
-                cache_read=event.cache_read_tokens,
-                output=event.output_tokens,
-            ),
-            status=event.status,
-        ),
+        counts=billed_counts(event.counts, status=event.status),
         ttft_ms=event.ttft_ms,
         latency_ms=event.latency_ms,
     )
@@ -92,6 +73,7 @@ class GatewayBilling:
             self._upkeep = None
 
     async def admit(self, admission: Admission) -> None:
+        # A refusal is a BudgetExceededError: a BillingError the gateway renders (402, or 429 on OpenAI's API).
         try:
             await self.service.admit(
                 request_id=admission.request_id,
@@ -101,8 +83,6 @@ class GatewayBilling:
                 prompt_tokens=admission.prompt_tokens,
                 max_output_tokens=admission.max_output_tokens,
             )
-        except BudgetExceededError as exc:
-            raise BudgetExhaustedError(str(exc)) from exc
         except BudgetUnavailableError as exc:
             raise DatabaseUnavailableError(
                 "the database is unavailable and this request's budget cannot be checked; retry after the time "
@@ -123,8 +103,8 @@ class GatewayBilling:
     def allows_ttl(self, *, model: str, ttl_s: int) -> bool:
         if ttl_s in STANDARD_TTLS_S:
             return True
-        name = TTL_NAMES.get(ttl_s)
-        return name is not None and self.service.allows_ttl(model=model, ttl=name)
+        ttl = TTL_BY_SECONDS.get(ttl_s)
+        return ttl is not None and self.service.allows_ttl(model=model, ttl=ttl.name)
 
     async def replay_pending(self, *, timeout_s: float = 30.0) -> None:
         """Replay the spool now (the gateway calls this before recovering a crashed process's requests).
@@ -153,7 +133,7 @@ class GatewayBilling:
         return SpoolingUsageRecorder(recorder, self)
 
     async def spool_event(self, event: UsageEvent) -> None:
-        await self.service.spool_with_usage_record(charge_from_event(event), asdict(event))
+        await self.service.spool_with_usage_record(charge_from_event(event), event.as_row())
         self._spooled.add(event.request_id)
 
 
@@ -215,7 +195,7 @@ def _prepare_catalog(database_url: str, settings: BillingSettings) -> PriceBook:
 def create_billing_hooks(
     *,
     sessions: async_sessionmaker[AsyncSession],
-    settings: GatewaySettings,
+    settings: KvgateSettings,
     billing_settings: BillingSettings | None = None,
 ) -> GatewayBilling:
     billing_settings = billing_settings or BillingSettings()

@@ -14,7 +14,7 @@ from decimal import Decimal
 
 from billing.money import round_to_cents
 from billing.prices import PriceVersion
-from billing.tokens import CATEGORY_LABELS, Category, TokenCounts
+from kvgate.usage import CATEGORY_LABELS, Category, TokenCounts
 
 _CATEGORY_ORDER = {c: i for i, c in enumerate(Category)}
 

@@ -22,9 +22,10 @@ from billing.models import CreditNote, Invoice, InvoiceLineRow, LedgerEntry, Pri
 from billing.numbering import next_number
 from billing.periods import finalizable_at, month_bounds, month_start
 from billing.render import CreditNoteSummary, InvoiceDocument
-from billing.tokens import Category, TokenCounts
-from gateway.models import Tenant
 from kvgate.db import insert_ignore, utcnow
+from kvgate.errors import ConflictError, NotFoundError
+from kvgate.tenancy import Tenant
+from kvgate.usage import Category, EntryKind, TokenCounts
 
 DRAFT = "draft"
 FINALIZED = "finalized"
@@ -37,16 +38,12 @@ class InvoiceError(BillingDomainError):
     pass
 
 
-class InvoiceNotFoundError(InvoiceError):
-    status = 404
-    error_type = "not_found_error"
+class InvoiceNotFoundError(NotFoundError, InvoiceError):
+    pass
 
 
-class InvoiceStateError(InvoiceError):
+class InvoiceStateError(ConflictError, InvoiceError):
     """The invoice is not in a state that allows this (e.g. finalizing a running month)."""
-
-    status = 409
-    error_type = "conflict_error"
 
 
 @dataclass(frozen=True)
@@ -64,7 +61,7 @@ class InvoiceView:
 
 async def usage_aggregates(*, session: AsyncSession, tenant_id: str, month: date) -> list[UsageAggregate]:
     """Token sums per model and price version of a tenant's entries billed in `month`."""
-    net_requests = func.sum(case((LedgerEntry.kind == "reversal", -1), else_=1))
+    net_requests = func.sum(case((LedgerEntry.kind == EntryKind.REVERSAL, -1), else_=1))
     rows = await session.execute(
         select(LedgerEntry.model, LedgerEntry.price_version_id, net_requests, *(func.sum(c) for c in TOKEN_COLUMNS))
         .where(LedgerEntry.tenant_id == tenant_id, LedgerEntry.billing_month == month)

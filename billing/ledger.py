@@ -18,21 +18,12 @@ from billing.errors import BillingDomainError
 from billing.models import Invoice, LedgerEntry
 from billing.periods import month_start
 from billing.prices import PriceVersion
-from billing.tokens import TokenCounts
 from kvgate.db import insert_ignore, utcnow
-
-KIND_USAGE = "usage"
-KIND_REVERSAL = "reversal"
+from kvgate.errors import NotFoundError
+from kvgate.usage import EntryKind, TokenCounts
 
 # The entry's token columns in TokenCounts' field order, so their sums make TokenCounts(*sums).
-TOKEN_COLUMNS = (
-    LedgerEntry.input_tokens,
-    LedgerEntry.cache_write_5m_tokens,
-    LedgerEntry.cache_write_1h_tokens,
-    LedgerEntry.cache_write_24h_tokens,
-    LedgerEntry.cache_read_tokens,
-    LedgerEntry.output_tokens,
-)
+TOKEN_COLUMNS = tuple(getattr(LedgerEntry, column) for column in TokenCounts().as_columns())
 
 DUPLICATES = Counter(
     "kvgate_billing_duplicate_usage_total",
@@ -45,9 +36,8 @@ class LedgerError(BillingDomainError, ValueError):
     pass
 
 
-class UsageNotFoundError(LedgerError):
-    status = 404
-    error_type = "not_found_error"
+class UsageEntryNotFoundError(NotFoundError, LedgerError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -127,9 +117,9 @@ async def record_usage(
 ) -> RecordResult:
     """Append the usage entry for a request, or find the one already there. Caller commits."""
     now = now or utcnow()
-    existing = await _find(session, charge.request_id, KIND_USAGE)
+    existing = await _find(session, charge.request_id, EntryKind.USAGE)
     if existing is not None:
-        DUPLICATES.labels(kind=KIND_USAGE).inc()
+        DUPLICATES.labels(kind=EntryKind.USAGE).inc()
         return _result(existing, inserted=False)
     billing_month = await billing_month_for(
         session=session, tenant_id=charge.tenant_id, started_at=charge.started_at, now=now
@@ -137,7 +127,7 @@ async def record_usage(
     counts = charge.counts
     values = {
         "request_id": charge.request_id,
-        "kind": KIND_USAGE,
+        "kind": EntryKind.USAGE,
         "tenant_id": charge.tenant_id,
         "api_key_id": charge.api_key_id,
         "model": charge.model,
@@ -147,7 +137,7 @@ async def record_usage(
         "recorded_at": now,
         "billing_month": billing_month,
         "price_version_id": version.id,
-        **token_values(counts),
+        **counts.as_columns(),
         "cost_pico": version.cost_pico(counts),
         "uncached_cost_pico": version.uncached_cost_pico(counts),
         "ttft_ms": charge.ttft_ms,
@@ -156,10 +146,10 @@ async def record_usage(
         "reason": None,
     }
     inserted = await insert_ignore(session, LedgerEntry, values, ["request_id", "kind"])
-    entry = await _find(session, charge.request_id, KIND_USAGE)
+    entry = await _find(session, charge.request_id, EntryKind.USAGE)
     assert entry is not None
     if not inserted:  # a concurrent writer got there first
-        DUPLICATES.labels(kind=KIND_USAGE).inc()
+        DUPLICATES.labels(kind=EntryKind.USAGE).inc()
     return _result(entry, inserted=inserted)
 
 
@@ -168,20 +158,20 @@ async def reverse_usage(
 ) -> RecordResult:
     """Cancel a request's charge with a negated entry (the original stays). Caller commits."""
     now = now or utcnow()
-    original = await _find(session, request_id, KIND_USAGE)
+    original = await _find(session, request_id, EntryKind.USAGE)
     if original is None:
-        raise UsageNotFoundError(f"no usage entry for request {request_id!r}")
-    existing = await _find(session, request_id, KIND_REVERSAL)
+        raise UsageEntryNotFoundError(f"no usage entry for request {request_id!r}")
+    existing = await _find(session, request_id, EntryKind.REVERSAL)
     if existing is not None:
-        DUPLICATES.labels(kind=KIND_REVERSAL).inc()
+        DUPLICATES.labels(kind=EntryKind.REVERSAL).inc()
         return _result(existing, inserted=False)
     billing_month = await billing_month_for(
         session=session, tenant_id=original.tenant_id, started_at=original.started_at, now=now
     )
-    counts = -entry_counts(original)
+    counts = -TokenCounts.from_columns(original)
     values = {
         "request_id": request_id,
-        "kind": KIND_REVERSAL,
+        "kind": EntryKind.REVERSAL,
         "tenant_id": original.tenant_id,
         "api_key_id": original.api_key_id,
         "model": original.model,
@@ -191,7 +181,7 @@ async def reverse_usage(
         "recorded_at": now,
         "billing_month": billing_month,
         "price_version_id": original.price_version_id,
-        **token_values(counts),
+        **counts.as_columns(),
         "cost_pico": -original.cost_pico,
         "uncached_cost_pico": -original.uncached_cost_pico,
         "ttft_ms": None,
@@ -200,35 +190,12 @@ async def reverse_usage(
         "reason": reason[:500],
     }
     inserted = await insert_ignore(session, LedgerEntry, values, ["request_id", "kind"])
-    entry = await _find(session, request_id, KIND_REVERSAL)
+    entry = await _find(session, request_id, EntryKind.REVERSAL)
     assert entry is not None
     return _result(entry, inserted=inserted)
 
 
-def entry_counts(entry: LedgerEntry) -> TokenCounts:
-    return TokenCounts(
-        input=entry.input_tokens,
-        cache_write_5m=entry.cache_write_5m_tokens,
-        cache_write_1h=entry.cache_write_1h_tokens,
-        cache_write_24h=entry.cache_write_24h_tokens,
-        cache_read=entry.cache_read_tokens,
-        output=entry.output_tokens,
-    )
-
-
-def token_values(counts: TokenCounts) -> dict[str, int]:
-    """The counts as the entry's token column values (the names the usage API shows too)."""
-    return {
-        "input_tokens": counts.input,
-        "cache_write_5m_tokens": counts.cache_write_5m,
-        "cache_write_1h_tokens": counts.cache_write_1h,
-        "cache_write_24h_tokens": counts.cache_write_24h,
-        "cache_read_tokens": counts.cache_read,
-        "output_tokens": counts.output,
-    }
-
-
-async def _find(session: AsyncSession, request_id: str, kind: str) -> LedgerEntry | None:
+async def _find(session: AsyncSession, request_id: str, kind: EntryKind) -> LedgerEntry | None:
     return await session.scalar(
         select(LedgerEntry).where(LedgerEntry.request_id == request_id, LedgerEntry.kind == kind)
     )

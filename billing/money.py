@@ -27,10 +27,6 @@ MAX_AMOUNT_PICO = 9_000_000 * PICO_PER_USD
 class MoneyError(BillingDomainError, ValueError):
     """An amount that cannot be represented exactly, or not stored."""
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field  # the input at fault, as the admin API or the CLI names it
-
 
 def parse_usd(value: str, *, field: str, cents: bool = False) -> int:
     """An amount a person entered, in pico-dollars (or cents); an error names the field."""

@@ -22,7 +22,7 @@ from billing.prices import PriceSpec, PriceVersion, load_price_file
 from billing.render import InvoiceDocument
 from billing.settings import BillingSettings
 from billing.settlement import Settlement, reverse_charge
-from gateway.models import ApiKey, Tenant
+from kvgate.tenancy import ApiKey, Tenant
 
 # -- usage ------------------------------------------------------------------------------------
 

@@ -9,9 +9,10 @@ from collections.abc import Iterable
 from datetime import datetime
 
 from billing.prices import FALLBACK_MODEL, PriceError, PriceVersion
+from kvgate.errors import ApiError
 
 
-class NoPriceError(PriceError):
+class NoPriceError(ApiError, PriceError):
     """No catalog version covers this model at this time (and there is no '*' fallback)."""
 
 

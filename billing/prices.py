@@ -17,7 +17,7 @@ from typing import Any
 
 from billing.errors import BillingDomainError
 from billing.money import PICO_PER_TOKEN_PER_USD_PER_MTOK
-from billing.tokens import Category, TokenCounts
+from kvgate.usage import TTL_CLASSES, Category, TokenCounts
 
 DEFAULT_PRICE_FILE = Path(__file__).with_name("prices.toml")
 FALLBACK_MODEL = "*"
@@ -101,7 +101,7 @@ class PriceSpec:
     @property
     def ttl_classes(self) -> tuple[str, ...]:
         """The cache TTL classes a request may ask for under this version."""
-        return ("5m", "1h") if self.cache_write_24h_multiplier is None else ("5m", "1h", "24h")
+        return tuple(t.name for t in TTL_CLASSES if getattr(self.rates, t.category.value) is not None)
 
     def unit_price_per_mtok(self, category: Category) -> Decimal:
         """USD per million tokens of a category, as printed on invoices."""

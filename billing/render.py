@@ -14,7 +14,7 @@ from fpdf.fonts import FontFace
 
 from billing.invoice_lines import CacheSavings, InvoiceLine
 from billing.money import format_usd
-from billing.tokens import CATEGORY_LABELS
+from kvgate.usage import CATEGORY_LABELS
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validato
 from billing.budgets import BudgetStatus, CounterState
 from billing.csv_export import UsageRow
 from billing.invoices import InvoiceView
-from billing.ledger import token_values
 from billing.models import CreditGrant, CreditNote, KeyBudget
 from billing.money import format_usd_exact
 from billing.prices import PriceSpec, PriceVersion
@@ -91,7 +90,7 @@ class SummaryOut(BaseModel):
         return cls(
             key=row.key,
             requests=row.requests,
-            **token_values(row.counts),
+            **row.counts.as_columns(),
             cost_usd=format_usd_exact(row.cost_pico),
             uncached_cost_usd=format_usd_exact(row.uncached_cost_pico),
         )

@@ -29,10 +29,10 @@ from billing.prices import PriceVersion
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
 from billing.spool import ReplayResult, Spool
-from billing.tokens import TokenCounts, billed_counts
-from gateway.models import UsageRecord
 from kvgate.db import insert_ignore, utcnow
 from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
+from kvgate.tenancy import UsageRecord
+from kvgate.usage import TokenCounts, billed_counts
 
 __all__ = ["BillingService", "BudgetUnavailableError", "SettleOutcome", "is_database_unavailable"]
 
@@ -406,14 +406,7 @@ async def _charge_of_stored_record(session: AsyncSession, charge: UsageCharge) -
     row = await session.get(UsageRecord, charge.request_id)
     if row is None:
         return charge
-    counts = TokenCounts(
-        input=row.input_tokens,
-        cache_write_5m=row.cache_write_5m_tokens,
-        cache_write_1h=row.cache_write_1h_tokens,
-        cache_write_24h=row.cache_write_24h_tokens,
-        cache_read=row.cache_read_tokens,
-        output=row.output_tokens,
-    )
+    counts = TokenCounts.from_columns(row)
     return UsageCharge(
         request_id=row.request_id,
         tenant_id=row.tenant_id,

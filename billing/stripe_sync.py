@@ -27,9 +27,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from billing.invoices import DRAFT, InvoiceStateError, get_invoice
 from billing.models import Invoice, InvoiceLineRow, StripeCustomer, StripeInvoiceItem
 from billing.settings import BillingSettings
-from billing.tokens import CATEGORY_LABELS, Category
-from gateway.models import Tenant
 from kvgate.db import insert_ignore, utcnow
+from kvgate.tenancy import Tenant
+from kvgate.usage import CATEGORY_LABELS, Category
 
 log = structlog.get_logger(__name__)
 

@@ -14,7 +14,7 @@ from billing.csv_export import UsageRow
 from billing.errors import BillingDomainError
 from billing.ledger import TOKEN_COLUMNS
 from billing.models import LedgerEntry
-from billing.tokens import TokenCounts
+from kvgate.usage import EntryKind, TokenCounts
 
 GroupBy = Literal["day", "model", "key"]
 GROUP_BYS: tuple[GroupBy, ...] = ("day", "model", "key")
@@ -109,7 +109,8 @@ async def summarize(*, session: AsyncSession, where: UsageFilter, group_by: Grou
         where.apply(
             select(
                 key,
-                func.count().filter(LedgerEntry.kind == "usage") - func.count().filter(LedgerEntry.kind == "reversal"),
+                func.count().filter(LedgerEntry.kind == EntryKind.USAGE)
+                - func.count().filter(LedgerEntry.kind == EntryKind.REVERSAL),
                 *sums,
                 func.sum(LedgerEntry.cost_pico),
                 func.sum(LedgerEntry.uncached_cost_pico),

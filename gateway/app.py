@@ -1,15 +1,18 @@
-"""The FastAPI application: routers, middleware, and a lifespan that wires the gateway together."""
+"""The FastAPI application: routers, middleware, and a lifespan that wires the gateway together.
+
+The gateway knows billing only through its seam (gateway.billing_hooks): kvgate.app, the
+composition root, passes billing's hooks factory and routers in.
+"""
 
 from __future__ import annotations
 
-import importlib
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import structlog
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.api.deps import AdminDep
@@ -18,9 +21,10 @@ from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
+from gateway.backends.base import EngineClient
+from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.cpu_pool import CpuPool
-from gateway.engine import Engine
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -36,41 +40,21 @@ from kvgate import __version__
 from kvgate.db import create_engine, session_factory
 from kvgate.db_health import health_of
 
-# Billing plugs in by defining create_billing_hooks(*, sessions, settings) -> BillingHooks here.
-BILLING_HOOKS_MODULE = "billing.hooks"
-# ...and its routes here: admin_router (mounted under /admin/v1 behind the admin token) and public_router.
-BILLING_API_MODULE = "billing.api"
-
-EngineFactory = Callable[[], Engine]
+EngineFactory = Callable[[], EngineClient]
+# Builds the billing hooks in the lifespan, once the database sessions exist.
+BillingFactory = Callable[..., BillingHooks]
 
 log = structlog.get_logger("kvgate.gateway")
 
 
-def _default_engine() -> Engine:
-    from inference.async_engine import AsyncEngine
-
-    return AsyncEngine.from_settings()
-
-
-def _discover_billing(sessions: async_sessionmaker[AsyncSession], settings: GatewaySettings) -> BillingHooks:
-    try:
-        module = importlib.import_module(BILLING_HOOKS_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (BILLING_HOOKS_MODULE, BILLING_HOOKS_MODULE.split(".")[0]):
-            raise
+def _build_billing(
+    billing_factory: BillingFactory | None,
+    sessions: async_sessionmaker[AsyncSession],
+    settings: GatewaySettings,
+) -> BillingHooks:
+    if billing_factory is None:
         return NoBilling()
-    return module.create_billing_hooks(sessions=sessions, settings=settings)
-
-
-def _include_billing_routes(app: FastAPI) -> None:
-    try:
-        module = importlib.import_module(BILLING_API_MODULE)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (BILLING_API_MODULE, BILLING_API_MODULE.split(".")[0]):
-            raise
-        return
-    app.include_router(module.admin_router, prefix="/admin/v1", dependencies=[AdminDep])
-    app.include_router(module.public_router)
+    return billing_factory(sessions=sessions, settings=settings)
 
 
 async def recover_after_crash(
@@ -98,13 +82,19 @@ async def recover_after_crash(
 def create_app(
     settings: GatewaySettings | None = None,
     *,
-    engine_factory: EngineFactory = _default_engine,
+    engine_factory: EngineFactory = EmbeddedEngine.from_settings,
     billing: BillingHooks | None = None,
+    billing_factory: BillingFactory | None = None,
+    admin_routers: Sequence[APIRouter] = (),
+    public_routers: Sequence[APIRouter] = (),
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,
 ) -> FastAPI:
     """The gateway app. The engine is built and started by the lifespan, in the serving loop.
 
+    `billing` is a ready BillingHooks (tests, benchmarks); otherwise `billing_factory(sessions=,
+    settings=)` builds one in the lifespan; with neither, nothing is billed (NoBilling).
+    `admin_routers` are mounted under /admin/v1 behind the admin token, `public_routers` as they are.
     The database must already be migrated (`kvgate serve` does it first).
     """
     settings = settings or GatewaySettings()
@@ -129,7 +119,7 @@ def create_app(
             )
         engine = engine_factory()
         await engine.start()
-        hooks = billing or _discover_billing(sessions, settings)
+        hooks = billing or _build_billing(billing_factory, sessions, settings)
         own_recorder = DatabaseUsageRecorder(settings.database_url) if recorder is None else None
         usage_recorder = recorder or own_recorder
         wrap = getattr(hooks, "wrap_recorder", None)
@@ -211,7 +201,10 @@ def create_app(
         openapi_url="/openapi.json" if settings.expose_docs else None,
     )
     app.include_router(api_router)
-    _include_billing_routes(app)
+    for router in admin_routers:
+        app.include_router(router, prefix="/admin/v1", dependencies=[AdminDep])
+    for router in public_routers:
+        app.include_router(router)
     install_error_handlers(app)
     install_body_schemas(app)
     app.add_middleware(

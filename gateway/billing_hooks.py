@@ -14,11 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Protocol
 
-from gateway.usage import Endpoint, UsageEvent
-
-# The TTL classes every deployment offers; others (OpenAI's 24h retention) only when
-# billing's price catalog prices them.
-STANDARD_TTLS_S = frozenset({300, 3600})
+from kvgate.usage import STANDARD_TTLS_S, Endpoint, UsageEvent
 
 
 @dataclass(frozen=True)
@@ -36,7 +32,7 @@ class Admission:
 
 class BillingHooks(Protocol):
     async def admit(self, admission: Admission) -> None:
-        """Raise gateway.errors.BillingError (402) to refuse the request before it runs."""
+        """Raise kvgate.errors.BillingError (402) to refuse the request before it runs."""
         ...
 
     async def release(self, admission: Admission) -> None:

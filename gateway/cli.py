@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import sys
 from collections.abc import Awaitable, Callable
@@ -16,16 +17,19 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from gateway.errors import GatewayError
 from gateway.settings import GatewaySettings
 from kvgate.db import migrate, open_database, utcnow
+from kvgate.errors import KvgateError
+
+# Builds the app `kvgate serve` runs (kvgate.app.create_app: the gateway with billing wired in).
+AppFactory = Callable[[GatewaySettings], Any]
 
 
-def register(subparsers: Any) -> None:
+def register(subparsers: Any, *, app_factory: AppFactory) -> None:
     serve = subparsers.add_parser("serve", help="run the gateway with the embedded engine")
     serve.add_argument("--host", help="default KVGATE_HOST or 127.0.0.1")
     serve.add_argument("--port", type=int, help="default KVGATE_PORT or 8080")
-    serve.set_defaults(handler=cmd_serve)
+    serve.set_defaults(handler=functools.partial(cmd_serve, app_factory=app_factory))
 
     tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
     create = tenants.add_parser("create", help="create a tenant")
@@ -64,7 +68,7 @@ def _db_command(action: Callable[[Any, argparse.Namespace], Awaitable[None]]) ->
 
         try:
             asyncio.run(run())
-        except GatewayError as exc:
+        except KvgateError as exc:
             print(f"error: {exc.message}", file=sys.stderr)
             return 1
         return 0
@@ -132,7 +136,7 @@ async def _keys_list(session: Any, args: argparse.Namespace) -> None:
 async def _has_tenants(url: str) -> bool:
     from sqlalchemy import func, select
 
-    from gateway.models import Tenant
+    from kvgate.tenancy import Tenant
 
     async with open_database(url) as sessions, sessions() as session:
         return bool(await session.scalar(select(func.count()).select_from(Tenant)))
@@ -153,10 +157,9 @@ then point an SDK at http://{host}:{port}:
 """
 
 
-def cmd_serve(args: argparse.Namespace) -> int:
+def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory) -> int:
     import uvicorn
 
-    from gateway.app import create_app
     from gateway.connections import uvicorn_options
     from gateway.shutdown import request_grace_s
     from kvgate.logs import configure_logging
@@ -171,7 +174,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
     uvicorn.run(
-        create_app(settings),
+        app_factory(settings),
         host=settings.host,
         port=settings.port,
         log_config=None,

@@ -18,17 +18,8 @@ from typing import Any
 
 import structlog
 
+from gateway.backends.base import Handle
 from gateway.billing_hooks import Admission
-from gateway.engine import Handle
-from gateway.errors import (
-    ApiError,
-    EngineUnavailableError,
-    GatewayError,
-    InvalidRequestError,
-    OverloadedError,
-    PromptTooLongError,
-    RateLimitError,
-)
 from gateway.inflight import InflightEntry, JournalError
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
@@ -36,21 +27,30 @@ from gateway.ratelimit import Decision, Limits
 from gateway.security import tenant_salt
 from gateway.services.keys import Principal
 from gateway.state import Gateway
-from gateway.usage import Endpoint, UsageEvent, UsageStatus
+from gateway.usage import counts_from_usage
 from inference.types import (
     CacheRegion,
     CacheSpec,
+    EngineError,
     EngineOverloadedError,
     RequestOutput,
     SamplingParams,
-    Usage,
 )
 from inference.types import EngineUnavailableError as EngineUnavailable
 from inference.types import InvalidRequestError as EngineInvalidRequest
+from kvgate.errors import (
+    ApiError,
+    EngineUnavailableError,
+    InvalidRequestError,
+    KvgateError,
+    OverloadedError,
+    PromptTooLongError,
+    RateLimitError,
+)
+from kvgate.usage import Endpoint, TokenCounts, UsageEvent, UsageStatus
 
 log = structlog.get_logger("kvgate.gateway")
 
-TTL_5M, TTL_1H, TTL_24H = 300, 3600, 86400
 OVERLOADED_RETRY_S = 1.0
 # A dead engine does not come back by itself (a supervisor restarts the process): retry later.
 UNAVAILABLE_RETRY_S = 10.0
@@ -62,14 +62,15 @@ def engine_unavailable(reason: str) -> EngineUnavailableError:
     )
 
 
-def check_engine(gw: Gateway) -> None:
+async def check_engine(gw: Gateway) -> None:
     """503/529 at once, before any admission work, when the engine cannot serve."""
-    reason = getattr(gw.engine, "dead_reason", None)
-    if reason is not None:
-        raise engine_unavailable(reason)
+    try:
+        await gw.engine.check_health()
+    except EngineError as exc:
+        raise engine_unavailable(str(exc)) from exc
 
 
-def output_error(output: RequestOutput) -> GatewayError:
+def output_error(output: RequestOutput) -> KvgateError:
     """The error a request the engine finished with finish_reason "error" gets, by what went wrong."""
     message = output.error or "the engine failed while generating"
     if output.error_kind == "invalid_request":
@@ -88,41 +89,6 @@ class RequestContext:
     started_at: datetime
     t0: float  # perf_counter at arrival
     log: dict[str, Any] = field(default_factory=dict)  # extra fields for the request's log line
-
-
-@dataclass(frozen=True)
-class TokenCounts:
-    """The engine's counts, split the way both APIs and billing report them."""
-
-    input: int
-    write_5m: int
-    write_1h: int
-    write_24h: int
-    read: int
-    output: int
-
-    @classmethod
-    def from_usage(cls, usage: Usage) -> TokenCounts:
-        by_ttl = usage.cache_write_tokens_by_ttl
-        write_1h = by_ttl.get(TTL_1H, 0)
-        write_24h = by_ttl.get(TTL_24H, 0)
-        return cls(
-            input=usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens,
-            # Any other TTL the engine used is its default (5m) class.
-            write_5m=usage.cache_write_tokens - write_1h - write_24h,
-            write_1h=write_1h,
-            write_24h=write_24h,
-            read=usage.cached_tokens,
-            output=usage.completion_tokens,
-        )
-
-    @property
-    def writes(self) -> int:
-        return self.write_5m + self.write_1h + self.write_24h
-
-    @property
-    def prompt(self) -> int:
-        return self.input + self.writes + self.read
 
 
 @dataclass(frozen=True)
@@ -186,10 +152,10 @@ class Generation:
 
     def early_counts(self) -> TokenCounts:
         """The prompt-side counts as soon as prefill is done (for a stream's first event)."""
-        usage = getattr(self.handle, "prompt_usage", None)
+        usage = self.handle.prompt_usage
         if usage is not None:
-            return TokenCounts.from_usage(usage)
-        return TokenCounts(input=self.prompt_tokens, write_5m=0, write_1h=0, write_24h=0, read=0, output=0)
+            return counts_from_usage(usage)
+        return TokenCounts(input=self.prompt_tokens)
 
     async def complete_or_raise(self) -> tuple[Finished, dict[str, str]]:
         """The finished request and its response headers; a 500 if the engine failed it."""
@@ -228,7 +194,7 @@ class Generation:
         return await asyncio.shield(self._bookkeeping_task)
 
     async def _bookkeeping(self, output: RequestOutput) -> Finished:
-        counts = TokenCounts.from_usage(output.usage)
+        counts = counts_from_usage(output.usage)
         status: UsageStatus = {"cancelled": "cancelled", "error": "error"}.get(output.finish_reason, "ok")  # type: ignore[assignment]
         now = time.perf_counter()
         ttft_ms = None
@@ -241,12 +207,7 @@ class Generation:
             model=self.model,
             endpoint=self.endpoint,
             started_at=self.ctx.started_at,
-            input_tokens=counts.input,
-            cache_write_5m_tokens=counts.write_5m,
-            cache_write_1h_tokens=counts.write_1h,
-            cache_write_24h_tokens=counts.write_24h,
-            cache_read_tokens=counts.read,
-            output_tokens=counts.output,
+            counts=counts,
             ttft_ms=ttft_ms,
             latency_ms=round((now - self.ctx.t0) * 1000),
             status=status,
@@ -269,17 +230,17 @@ class Generation:
                     key_id=self.ctx.principal.api_key_id,
                     limits=self.limits,
                     requests=0,
-                    input_tokens=self.reserved_input - (counts.prompt - counts.read),
+                    input_tokens=self.reserved_input - (counts.prompt_tokens - counts.cache_read),
                 )
             except Exception:
                 log_failure(log, "rate_limit_settle_failed", request_id=event.request_id)
         self.gw.metrics.observe_usage(model=self.model, status=status, counts=counts, output=output)
         self.ctx.log.update(
             status_detail=status,
-            prompt_tokens=counts.prompt,
+            prompt_tokens=counts.prompt_tokens,
             input_tokens=counts.input,
-            cache_read_tokens=counts.read,
-            cache_write_tokens=counts.writes,
+            cache_read_tokens=counts.cache_read,
+            cache_write_tokens=counts.cache_writes,
             output_tokens=counts.output,
             ttft_ms=ttft_ms,
         )
@@ -362,7 +323,7 @@ async def start_generation(
 ) -> Generation:
     """Reserve the prompt's input tokens, admit the request to billing and hand it to the engine."""
     model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
-    check_engine(gw)
+    await check_engine(gw)
     principal = ctx.principal
     limits, decision = rate.limits, rate.decision
     prompt_tokens = len(prompt.token_ids)

@@ -49,7 +49,7 @@ from typing import Any
 import structlog
 from sqlalchemy.engine import make_url
 
-from gateway.usage import Endpoint, UsageEvent
+from kvgate.usage import Endpoint, TokenCounts, UsageEvent
 
 SEGMENT_GLOB = "seg-*.jnl"
 TEMP_PREFIX = ".tmp-"
@@ -115,11 +115,7 @@ class InflightEntry:
             model=self.model,
             endpoint=self.endpoint,
             started_at=self.started_at,
-            input_tokens=self.prompt_tokens,
-            cache_write_5m_tokens=0,
-            cache_write_1h_tokens=0,
-            cache_read_tokens=0,
-            output_tokens=0,
+            counts=TokenCounts(input=self.prompt_tokens),
             ttft_ms=None,
             latency_ms=0,
             status="interrupted",

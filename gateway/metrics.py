@@ -1,7 +1,8 @@
 """Prometheus metrics of the gateway: requests by route and status, latency, and the tokens it billed.
 
-With the embedded engine, the engine's own metrics (vLLM-named: prefix-cache queries and
-hits, pool occupancy, queues, TTFT, tiers) are served alongside, from the same scrape.
+The engine's own metrics (vLLM-named: prefix-cache queries and hits, pool occupancy,
+queues, TTFT, tiers) are served alongside, from the same scrape: inference.metrics renders
+them from the engine client's stats() snapshot and the outputs of finished requests.
 Labels are bounded: routes are the app's route templates, never raw paths, and no label
 names a tenant or a key.
 """
@@ -12,11 +13,12 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 
+from inference.metrics import EngineMetrics
+
 if TYPE_CHECKING:
-    from gateway.engine import Engine
-    from gateway.generation import TokenCounts
-    from inference.metrics import EngineMetrics
+    from gateway.backends.base import EngineClient
     from inference.types import RequestOutput
+    from kvgate.usage import TokenCounts
 
 # Seconds; from a cache-hit answer of a few tokens to a long cold prefill.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
@@ -25,7 +27,7 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 class GatewayMetrics:
     """observe_request() for every HTTP request, observe_usage() for every usage record; render() for /metrics."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: EngineClient) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self._requests = Counter(
             "kvgate:gateway_requests", "HTTP requests, by route and status code.", ["route", "status"],
@@ -46,7 +48,7 @@ class GatewayMetrics:
             "kvgate:gateway_usage_records", "Usage records, by model and status.", ["model", "status"],
             registry=self.registry,
         )  # fmt: skip
-        self.engine_metrics = _engine_metrics(engine)
+        self.engine_metrics = EngineMetrics(engine)
 
     def observe_request(self, *, route: str, status: int, seconds: float) -> None:
         self._requests.labels(route, str(status)).inc()
@@ -56,30 +58,12 @@ class GatewayMetrics:
         self, *, model: str, status: str, counts: TokenCounts, output: RequestOutput | None = None
     ) -> None:
         """One usage record; `output` is None for one recovered after a crash (the engine never finished it)."""
-        categories = {
-            "input": counts.input,
-            "cache_write_5m": counts.write_5m,
-            "cache_write_1h": counts.write_1h,
-            "cache_write_24h": counts.write_24h,
-            "cache_read": counts.read,
-            "output": counts.output,
-        }
-        for category, n in categories.items():
-            self._tokens.labels(model, category).inc(n)
+        for category, n in counts.by_category().items():
+            self._tokens.labels(model, category.value).inc(n)
         self._records.labels(model, status).inc()
-        if self.engine_metrics is not None and output is not None:
+        if output is not None:
             self.engine_metrics.record(output)
 
     def render(self) -> tuple[bytes, str]:
-        body = generate_latest(self.registry)
-        if self.engine_metrics is not None:
-            body += self.engine_metrics.render()[0]
+        body = generate_latest(self.registry) + self.engine_metrics.render()[0]
         return body, CONTENT_TYPE_LATEST
-
-
-def _engine_metrics(engine: Engine) -> EngineMetrics | None:
-    """The embedded engine's metrics; None for an engine that is not ours (the benchmark's stand-in)."""
-    from inference.async_engine import AsyncEngine
-    from inference.metrics import EngineMetrics
-
-    return EngineMetrics(engine) if isinstance(engine, AsyncEngine) else None

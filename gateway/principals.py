@@ -10,12 +10,11 @@ database outage the last-known-good cache.
 
 from __future__ import annotations
 
-from gateway.api.errors import database_unavailable_error
-from gateway.errors import AuthenticationError, PermissionDeniedError
 from gateway.security import hash_secret, looks_like_api_key
 from gateway.services.keys import Principal, authenticate
 from gateway.state import Gateway
 from kvgate.db import utcnow
+from kvgate.errors import AuthenticationError, PermissionDeniedError, database_unavailable_error
 
 
 async def resolve_principal(gw: Gateway, *, presented: str, path: str) -> Principal:

@@ -24,8 +24,8 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from gateway.errors import InvalidRequestError, PromptTooLongError
 from gateway.prompt_bounds import NO_BOUNDS, PromptBounds
+from kvgate.errors import InvalidRequestError, PromptTooLongError
 
 # Text blocks of one message are joined like paragraphs.
 BLOCK_SEPARATOR = "\n\n"

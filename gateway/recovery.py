@@ -25,11 +25,11 @@ import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.billing_hooks import BillingHooks
-from gateway.generation import TokenCounts
 from gateway.inflight import InflightEntry, dead_segments
 from gateway.logs import log_failure
 from gateway.metrics import GatewayMetrics
-from gateway.usage import UsageEvent, UsageRecorder, load_usage_event
+from gateway.usage import UsageRecorder, load_usage_event
+from kvgate.usage import TokenCounts, UsageEvent
 
 log = structlog.get_logger("kvgate.gateway")
 
@@ -113,4 +113,4 @@ async def _settle(
 
 
 def _counts(entry: InflightEntry) -> TokenCounts:
-    return TokenCounts(input=entry.prompt_tokens, write_5m=0, write_1h=0, write_24h=0, read=0, output=0)
+    return TokenCounts(input=entry.prompt_tokens)

@@ -1,4 +1,7 @@
-"""Gateway settings, read from KVGATE_* environment variables (the engine's live in inference.settings)."""
+"""Gateway settings, read from KVGATE_* environment variables.
+
+The database and Redis URLs are inherited from kvgate.settings; the engine's settings live in inference.settings.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +9,11 @@ from functools import lru_cache
 from pathlib import Path
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_DATABASE_URL = "sqlite:///./kvgate.db"
+from kvgate.settings import KvgateSettings
 
 
-class GatewaySettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
-
-    database_url: str = Field(DEFAULT_DATABASE_URL, description="sqlite:///path or postgresql://...")
+class GatewaySettings(KvgateSettings):
     host: str = Field("127.0.0.1", description="Address `kvgate serve` listens on.")
     port: int = Field(8080, ge=0, le=65535, description="Port `kvgate serve` listens on.")
     admin_token: SecretStr | None = Field(
@@ -26,7 +25,6 @@ class GatewaySettings(BaseSettings):
     min_cacheable_tokens: int = Field(
         1024, ge=0, description="A cache breakpoint ending before this many prompt tokens has no effect."
     )
-    redis_url: str | None = Field(None, description="Share rate-limit buckets across processes via Redis.")
     default_requests_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     default_input_tokens_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     auth_cache_ttl_s: float = Field(

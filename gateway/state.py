@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth_cache import PrincipalCache
+from gateway.backends.base import EngineClient
 from gateway.billing_hooks import BillingHooks
 from gateway.cpu_pool import CpuPool
-from gateway.engine import Engine
 from gateway.inflight import InflightJournal
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -27,7 +27,7 @@ from kvgate.db_health import DatabaseHealth
 @dataclass
 class Gateway:
     settings: GatewaySettings
-    engine: Engine
+    engine: EngineClient
     renderer: PromptRenderer
     sessions: async_sessionmaker[AsyncSession]
     limiter: RateLimiter

@@ -9,54 +9,30 @@ counts a request twice. Billing may wrap or replace it.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import asdict, dataclass, fields
-from datetime import datetime
-from typing import Literal, Protocol
+from dataclasses import fields
+from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.models import UsageRecord
+from inference.types import Usage
 from kvgate.db import create_sync_engine, dialect_insert
 from kvgate.db_settings import DatabaseSettings
-
-# interrupted: the process died while the request ran; start-up records it from the in-flight journal.
-UsageStatus = Literal["ok", "cancelled", "error", "interrupted"]
-Endpoint = Literal["messages", "chat.completions"]
+from kvgate.tenancy import UsageRecord
+from kvgate.usage import DEFAULT_TTL, TTL_CLASSES, TokenCounts, UsageEvent
 
 
-@dataclass(frozen=True)
-class UsageEvent:
-    """What one request consumed. Token counts are the engine's, never estimates.
-
-    input_tokens are prompt tokens neither read from nor written to the cache, so
-    input + writes + read = the rendered prompt.
-    """
-
-    request_id: str
-    tenant_id: str
-    api_key_id: str
-    model: str
-    endpoint: Endpoint
-    started_at: datetime
-    input_tokens: int
-    cache_write_5m_tokens: int
-    cache_write_1h_tokens: int
-    cache_read_tokens: int
-    output_tokens: int
-    ttft_ms: int | None
-    latency_ms: int
-    status: UsageStatus
-    cache_write_24h_tokens: int = 0
-
-    @property
-    def prompt_tokens(self) -> int:
-        return (
-            self.input_tokens
-            + self.cache_write_5m_tokens
-            + self.cache_write_1h_tokens
-            + self.cache_write_24h_tokens
-            + self.cache_read_tokens
-        )
+def counts_from_usage(usage: Usage) -> TokenCounts:
+    """The engine's cache accounting as TokenCounts: the one place the engine's terms are translated."""
+    by_ttl = usage.cache_write_tokens_by_ttl
+    writes = {t.category.value: by_ttl.get(t.seconds, 0) for t in TTL_CLASSES if t is not DEFAULT_TTL}
+    # Any other TTL the engine used is its default (5m) class.
+    writes[DEFAULT_TTL.category.value] = usage.cache_write_tokens - sum(writes.values())
+    return TokenCounts(
+        input=usage.prompt_tokens - usage.cached_tokens - usage.cache_write_tokens,
+        cache_read=usage.cached_tokens,
+        output=usage.completion_tokens,
+        **writes,
+    )
 
 
 class UsageRecorder(Protocol):
@@ -111,7 +87,7 @@ class DatabaseUsageRecorder:
                     future.set_result(first)
 
     async def _write(self, events: list[UsageEvent]) -> set[str]:
-        rows = [asdict(event) for event in events]
+        rows = [event.as_row() for event in events]
         return await asyncio.wait_for(asyncio.to_thread(self._write_sync, rows), self._write_timeout_s)
 
     def _write_sync(self, rows: list[dict[str, object]]) -> set[str]:
@@ -136,4 +112,5 @@ async def load_usage_event(sessions: async_sessionmaker[AsyncSession], request_i
         row = await session.get(UsageRecord, request_id)
         if row is None:
             return None
-        return UsageEvent(**{f.name: getattr(row, f.name) for f in fields(UsageEvent)})
+        scalars = {f.name: getattr(row, f.name) for f in fields(UsageEvent) if f.name != "counts"}
+        return UsageEvent(**scalars, counts=TokenCounts.from_columns(row))

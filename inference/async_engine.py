@@ -25,6 +25,7 @@ import structlog
 from inference.clock import Clock
 from inference.engine import Engine, StepOutput
 from inference.settings import EngineSettings
+from inference.stats import EngineStats, make_engine_stats
 from inference.types import (
     CacheSpec,
     EngineError,
@@ -81,7 +82,7 @@ class RequestHandle:
 
     def cancel(self) -> None:
         if not self._result.done():
-            self._engine._abort(self.request_id)
+            self._engine.abort(self.request_id)
 
     def _push(self, out: StepOutput) -> None:
         if self._result.done():
@@ -245,6 +246,17 @@ class AsyncEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def stats(self) -> EngineStats | None:
+        """A snapshot of the engine's counters and gauges; None before start()."""
+        return make_engine_stats(self.core) if self.core is not None else None
+
+    async def check_health(self) -> None:
+        """Raise EngineUnavailableError unless the engine is started, stepping, and not shutting down
+        (its message gives dead_reason once the thread has died)."""
+        if self.core is None or self._thread is None:
+            raise EngineUnavailableError("the engine is not running")
+        self._check_serving()
+
     # -- requests -----------------------------------------------------------------------
 
     def submit(
@@ -286,7 +298,8 @@ class AsyncEngine:
         if self._stopping:
             raise EngineUnavailableError("the engine is shutting down")
 
-    def _abort(self, request_id: str) -> None:
+    def abort(self, request_id: str) -> None:
+        """Stop a request (no-op if it already finished); its handle's result() says "cancelled"."""
         with self._wake:
             self._inbox.append(("abort", request_id))
             self._wake.notify()

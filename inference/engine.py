@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -114,8 +113,6 @@ class Engine:
         self._tracked: dict[str, _Tracked] = {}
         # Tests hook this to see the float32 logits each sampled token came from.
         self.logits_observer: Callable[[list[str], torch.Tensor], None] | None = None
-        # Drained by the metrics exporter; bounded so an engine nobody scrapes does not grow.
-        self.ttfts: deque[float] = deque(maxlen=10_000)
         log.info(
             "engine_ready",
             model=self.model_id,
@@ -369,7 +366,6 @@ class Engine:
         request.output_token_ids.append(token)
         if request.first_token_time is None:
             request.first_token_time = time.monotonic()
-            self.ttfts.append(request.first_token_time - request.arrival_time)
         detok = tracked.detokenizer
         detok.add(token)
         reason: FinishReason | None = None

@@ -1,25 +1,21 @@
 """Prometheus metrics of one engine, named like vLLM's so existing dashboards and alerts apply.
 
-Engine state (cache counters, pool occupancy, queue lengths) is read when scraped
-rather than mirrored, so it cannot drift. Each EngineMetrics has a registry of its
-own, so several engines (in tests, or replicas in one process) never clash.
+Engine state (cache counters, pool occupancy, queue lengths) is read when scraped, from
+the engine's stats() snapshot (inference.stats), rather than mirrored, so it cannot drift.
+Each EngineMetrics has a registry of its own, so several engines (in tests, or replicas
+in one process) never clash.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from collections.abc import Iterator
+from typing import Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from inference.stats import EngineStats
 from inference.types import RequestOutput
-
-if TYPE_CHECKING:
-    from inference.async_engine import AsyncEngine
-    from inference.engine import Engine
-
-T = TypeVar("T")
 
 # vLLM's TTFT buckets, so histograms from both can be compared bucket for bucket.
 TTFT_BUCKETS = (
@@ -31,24 +27,25 @@ TTFT_BUCKETS = (
 _FINISHED_REASON = {"stop": "stop", "length": "length", "cancelled": "abort", "error": "error"}
 
 
-def _read(getter: Callable[[], T]) -> T:
-    """A value the engine thread may be changing: retry the rare read that races a dict resize."""
-    for _ in range(3):
-        try:
-            return getter()
-        except RuntimeError:
-            continue
-    return getter()
+class StatsSource(Protocol):
+    """An engine as its metrics see it (AsyncEngine; the gateway's engine clients)."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    def stats(self) -> EngineStats | None:
+        """A snapshot of the engine's counters; None while it is not running (or has none)."""
+        ...
 
 
 class EngineMetrics:
     """The engine's metrics; record() each finished request, render() for /metrics."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: StatsSource) -> None:
         self.engine = engine
         self.registry = CollectorRegistry(auto_describe=False)
         labels = ["model_name"]
-        # Unregistered: collect() yields them, after draining the engine's new TTFTs.
+        # Unregistered: collect() yields them after the engine's own state.
         self._ttft = Histogram(
             "vllm:time_to_first_token_seconds",
             "Time to first token in seconds.",
@@ -76,58 +73,47 @@ class EngineMetrics:
         self._finished.labels(model, reason).inc()
         self._prompt_tokens.labels(model).inc(output.usage.prompt_tokens)
         self._generation_tokens.labels(model).inc(output.usage.completion_tokens)
-        self._drain_ttfts()
+        if output.ttft_s is not None:
+            self._ttft.labels(model).observe(output.ttft_s)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
-    def _drain_ttfts(self) -> None:
-        core = self.engine.core
-        if core is None:
-            return
-        # The engine thread appends on the right; popleft is atomic, so draining is safe.
-        ttfts = core.ttfts
-        observe = self._ttft.labels(core.model_id).observe
-        while ttfts:
-            observe(ttfts.popleft())
-
     def collect(self) -> Iterator[Metric]:
-        self._drain_ttfts()
-        core = self.engine.core
-        if core is not None:
-            yield from self._engine_state(core.model_id)
+        stats = self.engine.stats()
+        if stats is not None:
+            yield from _engine_state(stats)
         for metric in (self._ttft, self._finished, self._prompt_tokens, self._generation_tokens):
             yield from metric.collect()
 
-    def _engine_state(self, model: str) -> Iterator[Metric]:
-        core = self.engine.core
-        assert core is not None
-        pool = core.pool
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([model], value)
-            return family
+def _engine_state(stats: EngineStats) -> Iterator[Metric]:
+    model = stats.model_id
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=["model_name"])
-            family.add_metric([model], value)
-            return family
+    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        return family
 
-        used = _read(lambda: pool.num_used)
-        yield counter(
-            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", core.kv.num_query_tokens
-        )
-        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", core.kv.num_hit_tokens)
-        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", used / pool.num_blocks)
-        yield gauge("kvgate:kv_blocks_used", "KV blocks held by running requests.", used)
-        yield gauge("kvgate:kv_blocks_free", "KV blocks free, cached or empty.", pool.num_blocks - used)
-        yield gauge("kvgate:kv_blocks_total", "KV blocks in the device pool.", pool.num_blocks)
-        yield counter("kvgate:kv_evictions", "Cached blocks evicted for reuse.", pool.num_evictions)
-        yield counter("vllm:num_preemptions", "Requests preempted to free KV blocks.", core.scheduler.num_preemptions)
-        yield gauge("vllm:num_requests_running", "Requests decoding or prefilling.", core.num_running)
-        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", core.num_waiting)
-        yield from _tier_metrics(core, model)
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=["model_name"])
+        family.add_metric([model], value)
+        return family
+
+    used, total = stats.blocks_used, stats.blocks_total
+    yield counter(
+        "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", stats.prefix_cache_queries
+    )
+    yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.", stats.prefix_cache_hits)
+    yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage; 1 means 100 percent.", stats.kv_cache_usage)
+    yield gauge("kvgate:kv_blocks_used", "KV blocks held by running requests.", used)
+    yield gauge("kvgate:kv_blocks_free", "KV blocks free, cached or empty.", total - used)
+    yield gauge("kvgate:kv_blocks_total", "KV blocks in the device pool.", total)
+    yield counter("kvgate:kv_evictions", "Cached blocks evicted for reuse.", stats.evictions)
+    yield counter("vllm:num_preemptions", "Requests preempted to free KV blocks.", stats.preemptions)
+    yield gauge("vllm:num_requests_running", "Requests decoding or prefilling.", stats.running)
+    yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.waiting)
+    yield from _tier_metrics(stats)
 
 
 # Per-tier counters: (metric name, TierStats field, help).
@@ -143,35 +129,34 @@ _TIER_COUNTERS = (
 )
 
 
-def _tier_metrics(core: Engine, model: str) -> Iterator[Metric]:
+def _tier_metrics(stats: EngineStats) -> Iterator[Metric]:
     """Hits per tier (device included, in tokens), and each lower tier's traffic and occupancy."""
     hits = CounterMetricFamily(
         "kvgate:kv_tier_hit_tokens", "Prompt tokens read from the cache, by the tier they were found in.",
         labels=["model_name", "tier"],
     )  # fmt: skip
-    for tier, tokens in dict(core.kv.num_hit_tokens_by_tier).items():
-        hits.add_metric([model, tier], tokens)
+    model = stats.model_id
+    for tier_name, tokens in stats.hit_tokens_by_tier.items():
+        hits.add_metric([model, tier_name], tokens)
     yield hits
-    tiers = core.tiers.tiers if core.tiers is not None else []
     for name, field, doc in _TIER_COUNTERS:
         family = CounterMetricFamily(name, doc, labels=["model_name", "tier"])
-        for tier in tiers:
-            family.add_metric([model, tier.name], getattr(tier.stats, field))
+        for tier in stats.tiers:
+            family.add_metric([model, tier.name], getattr(tier.counters, field))
         yield family
     used = GaugeMetricFamily("kvgate:kv_tier_blocks_used", "Blocks held by a KV tier.", labels=["model_name", "tier"])
     total = GaugeMetricFamily("kvgate:kv_tier_blocks_total", "Capacity of a KV tier.", labels=["model_name", "tier"])
     used_bytes = GaugeMetricFamily(
         "kvgate:kv_tier_bytes_used", "Bytes of KV held by a KV tier.", labels=["model_name", "tier"]
     )
-    for tier in tiers:
-        n = len(tier)
-        used.add_metric([model, tier.name], n)
-        total.add_metric([model, tier.name], tier.capacity)
-        used_bytes.add_metric([model, tier.name], n * tier.layout.nbytes)
+    for tier in stats.tiers:
+        used.add_metric([model, tier.name], tier.blocks_used)
+        total.add_metric([model, tier.name], tier.blocks_total)
+        used_bytes.add_metric([model, tier.name], tier.bytes_used)
     yield from (used, total, used_bytes)
-    if core.tiers is not None:
+    if stats.offload_pending is not None:
         pending = GaugeMetricFamily(
             "kvgate:kv_offload_pending", "Blocks queued for a KV tier (the disk's writer).", labels=["model_name"]
         )
-        pending.add_metric([model], core.tiers.num_pending_stores)
+        pending.add_metric([model], stats.offload_pending)
         yield pending

@@ -1,28 +1,28 @@
-"""The `kvgate` command. Each package contributes its subcommands through a `register` function."""
+"""The `kvgate` command. Each package contributes its subcommands through a `register` function.
+
+Part of the composition root (with kvgate.app): it names every package's commands, and
+hands `kvgate serve` the app with billing wired in.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-# Modules that expose `register(subparsers)`; each adds its own subcommands.
-COMMAND_MODULES = ("inference.cli", "gateway.cli", "billing.cli")
+from billing import cli as billing_cli
+from gateway import cli as gateway_cli
+from inference import cli as inference_cli
+from kvgate.app import create_app
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(subparsers)
+    inference_cli.register(subparsers)
+    gateway_cli.register(subparsers, app_factory=create_app)
+    billing_cli.register(subparsers)
     return parser
 
 

@@ -7,7 +7,6 @@ through the matching synchronous drivers (sqlite3, psycopg).
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -23,10 +22,6 @@ from sqlalchemy.types import TypeDecorator
 
 from kvgate import REPO_ROOT
 from kvgate.db_settings import DatabaseSettings
-
-# Every package that defines tables lists its models module here, so Alembic's
-# autogenerate and the drift check see one complete metadata.
-MODEL_MODULES = ("gateway.models", "billing.models")
 
 # Stable constraint names make migrations reproducible across SQLite and PostgreSQL.
 NAMING_CONVENTION = {
@@ -63,17 +58,6 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def load_models() -> MetaData:
-    """Import every models module so that Base.metadata holds all tables."""
-    for name in MODEL_MODULES:
-        try:
-            importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-    return Base.metadata
 
 
 _ASYNC_DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}

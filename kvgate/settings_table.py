@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
+from billing.settings import BillingSettings
+from gateway.settings import GatewaySettings
+from inference.settings import EngineSettings
 from kvgate import REPO_ROOT
+from kvgate.db_settings import DatabaseSettings
+from kvgate.settings import KvgateSettings
 
-SETTINGS_CLASSES = (
-    ("inference.settings", "EngineSettings", "engine"),
-    ("gateway.settings", "GatewaySettings", "gateway"),
-    ("kvgate.db_settings", "DatabaseSettings", "database"),
-    ("billing.settings", "BillingSettings", "billing"),
+# Like kvgate.app and kvgate.cli, this module sits above every package: it lists all their settings.
+SETTINGS_CLASSES: tuple[tuple[type[BaseSettings], str], ...] = (
+    (EngineSettings, "engine"),
+    (KvgateSettings, "shared"),
+    (GatewaySettings, "gateway"),
+    (DatabaseSettings, "database"),
+    (BillingSettings, "billing"),
 )
 START, END = "<!-- settings:start -->", "<!-- settings:end -->"
 
@@ -39,10 +46,13 @@ def _default(field: FieldInfo) -> str:
 
 def settings_table() -> str:
     rows = ["| setting | part | default | what it does |", "|---|---|---|---|"]
-    for module, cls_name, part in SETTINGS_CLASSES:
-        cls = getattr(importlib.import_module(module), cls_name)
+    for cls, part in SETTINGS_CLASSES:
         prefix = cls.model_config.get("env_prefix", "")
+        # A setting inherited from another listed class (GatewaySettings' database URL) has its row there.
+        inherited = {name for base in cls.__mro__[1:] for name in getattr(base, "model_fields", {})}
         for name, field in cls.model_fields.items():
+            if name in inherited:
+                continue
             default = _default(field)
             default = default.replace(str(REPO_ROOT) + "/", "").replace(str(Path.home()), "~")
             description = (field.description or "").replace("|", "\\|")

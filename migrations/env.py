@@ -1,4 +1,4 @@
-"""Alembic environment: one metadata for all packages (see kvgate.db.MODEL_MODULES)."""
+"""Alembic environment: one metadata for all packages (kvgate.app.load_models, the composition root)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from kvgate.db import load_models, sync_url
+from kvgate.app import load_models
+from kvgate.db import sync_url
 
 config = context.config
 target_metadata = load_models()
@@ -17,7 +18,7 @@ def _url() -> str:
     url = config.get_main_option("sqlalchemy.url")
     if url:
         return url
-    from gateway.settings import DEFAULT_DATABASE_URL
+    from kvgate.settings import DEFAULT_DATABASE_URL
 
     return sync_url(os.environ.get("KVGATE_DATABASE_URL", DEFAULT_DATABASE_URL))
 

@@ -6,11 +6,10 @@ from fastapi import APIRouter
 
 from billing import operations
 from billing.api.deps import SessionDep
-from billing.api.errors import BillingRoute
 from billing.money import parse_usd
 from billing.schemas import BudgetOut, KeyBudgetIn, KeyBudgetOut, TenantBudgetIn
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.get("/tenants/{tenant_id}/budget", response_model=BudgetOut)

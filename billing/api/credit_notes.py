@@ -8,11 +8,10 @@ from fastapi import APIRouter, Query
 
 from billing import credit_notes, operations
 from billing.api.deps import MAX_ID, SessionDep, SettingsDep
-from billing.api.errors import BillingRoute
 from billing.money import parse_usd
 from billing.schemas import CreditNoteIn, CreditNoteList, CreditNoteOut
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.post("/invoices/{invoice_id}/credit-notes", status_code=201, response_model=CreditNoteOut)

@@ -7,11 +7,10 @@ from starlette.responses import Response
 
 from billing import operations
 from billing.api.deps import SessionDep
-from billing.api.errors import BillingRoute
 from billing.money import parse_usd
 from billing.schemas import CreditIn, CreditOut
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.post("/tenants/{tenant_id}/credits", status_code=201, response_model=CreditOut)

@@ -14,7 +14,7 @@ from billing.hooks import GatewayBilling
 from billing.service import BillingService
 from billing.settings import BillingSettings
 from billing.usage_queries import UsageFilter, UsageQueryError
-from gateway.api.errors import database_unavailable_error
+from kvgate.errors import database_unavailable_error
 
 # Ids are 64-bit in the database; a larger number is a 400, not a driver overflow.
 MAX_ID = 2**63 - 1

@@ -7,10 +7,9 @@ from starlette.responses import HTMLResponse, Response
 
 from billing import operations
 from billing.api.deps import InvoiceId, SessionDep, SettingsDep
-from billing.api.errors import BillingRoute
 from billing.render import render_html, render_pdf
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.get("/invoices/{invoice_id}/pdf", response_class=Response)

@@ -8,11 +8,10 @@ from fastapi import APIRouter, Query
 
 from billing import invoices, operations
 from billing.api.deps import InvoiceId, ServiceDep, SessionDep, SettingsDep
-from billing.api.errors import BillingRoute
 from billing.periods import parse_month
 from billing.schemas import FinalizeDueOut, InvoiceList, InvoiceOut, StripePushOut
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.get("/invoices", response_model=InvoiceList)

@@ -8,10 +8,9 @@ from fastapi import APIRouter, Query
 
 from billing import catalog, operations
 from billing.api.deps import ServiceDep, SessionDep
-from billing.api.errors import BillingRoute
 from billing.schemas import PriceIn, PriceList, PriceOut
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.get("/prices", response_model=PriceList)

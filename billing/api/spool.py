@@ -5,11 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from billing.api.deps import ServiceDep
-from billing.api.errors import BillingRoute
 from billing.errors import UnavailableError
 from billing.schemas import SpoolOut
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.get("/billing/spool", response_model=SpoolOut)

@@ -10,12 +10,11 @@ from starlette.responses import StreamingResponse
 
 from billing import operations
 from billing.api.deps import MAX_ID, ServiceDep, SessionDep, UsageFilters
-from billing.api.errors import BillingRoute
 from billing.csv_export import iter_csv
 from billing.schemas import ReverseIn, ReverseOut, SummaryList, SummaryOut, UsageList, UsageOut
 from billing.usage_queries import iter_usage, list_usage, summarize
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.get("/usage", response_model=UsageList)

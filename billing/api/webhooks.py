@@ -7,11 +7,10 @@ from starlette.responses import Response
 
 from billing import webhooks
 from billing.api.deps import ServiceDep
-from billing.api.errors import BillingRoute
 from billing.errors import NotConfiguredError
 from billing.schemas import WebhookOut
 
-router = APIRouter(route_class=BillingRoute)
+router = APIRouter()
 
 
 @router.post("/webhooks/stripe", include_in_schema=False)

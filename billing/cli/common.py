@@ -12,20 +12,19 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from billing.errors import BillingDomainError
 from billing.money import parse_usd
 from billing.service import BillingService
 from billing.settings import BillingSettings
 from billing.stripe_sync import StripeSyncError
 from billing.usage_queries import UsageFilter
-from gateway.errors import GatewayError
-from gateway.settings import GatewaySettings
 from kvgate.db import migrate, open_database
+from kvgate.errors import KvgateError
+from kvgate.settings import KvgateSettings
 
 Action = Callable[[BillingService, argparse.Namespace], Awaitable[None]]
 
 # Errors that are the user's input or the data's state, printed as "error: ..." with exit status 1.
-USER_ERRORS = (BillingDomainError, StripeSyncError, GatewayError, ValueError)
+USER_ERRORS = (KvgateError, StripeSyncError, ValueError)
 
 
 def group(subparsers: Any, name: str, text: str) -> Any:
@@ -51,7 +50,7 @@ def command(action: Action, *, seed: bool = True) -> Callable[[argparse.Namespac
     `seed` is False), run the action; a user error prints one line and exits 1."""
 
     def handler(args: argparse.Namespace) -> int:
-        url = GatewaySettings().database_url
+        url = KvgateSettings().database_url
         migrate(url)
 
         async def run() -> None:

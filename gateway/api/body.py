@@ -19,10 +19,10 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from gateway.errors import InvalidRequestError, RequestTooLargeError
 from gateway.generation import RequestContext
 from gateway.state import Gateway
 from gateway.unicode_text import lone_surrogate, lone_surrogate_message, may_hold_surrogate
+from kvgate.errors import InvalidRequestError, RequestTooLargeError
 
 # Bodies up to this size are parsed, rendered and tokenized on the event loop: a few
 # milliseconds at most, less than the hand-off to a thread would cost in latency.

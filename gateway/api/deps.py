@@ -8,12 +8,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.api.errors import database_unavailable_error
-from gateway.errors import AuthenticationError
 from gateway.generation import RequestContext
 from gateway.principals import resolve_principal
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
+from kvgate.errors import AuthenticationError, database_unavailable_error
 
 
 # Dependencies are async even when they do not await: FastAPI runs plain `def`

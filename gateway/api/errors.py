@@ -1,4 +1,5 @@
-"""Errors as each API spells them, and the exception handlers that produce them."""
+"""Errors as each API spells them, and the exception handlers that produce them: the one place a
+KvgateError (from any package) becomes an HTTP response."""
 
 from __future__ import annotations
 
@@ -10,17 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
-from gateway.errors import (
-    DATABASE_RETRY_AFTER_S,
-    AdminDatabaseUnavailableError,
-    DatabaseUnavailableError,
-    GatewayError,
-    InvalidRequestError,
-    NotFoundError,
-    anthropic_body,
-    openai_body,
-    openai_status,
-)
+from kvgate.errors import InvalidRequestError, KvgateError, NotFoundError
 
 Dialect = Literal["anthropic", "openai"]
 
@@ -36,18 +27,29 @@ def dialect_for(path: str, headers: Mapping[str, str]) -> Dialect:
     return "anthropic"
 
 
-def database_unavailable_error(path: str) -> DatabaseUnavailableError:
-    """The retryable error for a request that needs the database while it is away: 529/503 on the
-    model APIs (the key may well be valid), 503 on the admin API and elsewhere."""
-    message = "the database is unavailable; retry after the time in the retry-after header"
-    if path.startswith("/v1/"):
-        return DatabaseUnavailableError(message, retry_after_s=DATABASE_RETRY_AFTER_S)
-    return AdminDatabaseUnavailableError(message, retry_after_s=DATABASE_RETRY_AFTER_S)
+def anthropic_body(error: KvgateError, request_id: str | None) -> dict[str, object]:
+    return {
+        "type": "error",
+        "error": {"type": error.anthropic_type, "message": error.message},
+        "request_id": request_id,
+    }
 
 
-def render_error(error: GatewayError, *, dialect: Dialect, request_id: str | None) -> Response:
+def openai_body(error: KvgateError) -> dict[str, object]:
+    return {
+        "error": {
+            "message": error.message,
+            "type": error.openai_type,
+            "param": error.param,
+            "code": error.openai_code,
+        }
+    }
+
+
+def render_error(error: KvgateError, *, dialect: Dialect, request_id: str | None) -> Response:
     if dialect == "openai":
-        return JSONResponse(openai_body(error), status_code=openai_status(error), headers=error.headers)
+        status = error.openai_status or error.status
+        return JSONResponse(openai_body(error), status_code=status, headers=error.headers)
     return JSONResponse(anthropic_body(error, request_id), status_code=error.status, headers=error.headers)
 
 
@@ -55,7 +57,7 @@ def _request_id(request: Request) -> str | None:
     return request.scope.get("state", {}).get("request_id")
 
 
-def _respond(request: Request, error: GatewayError) -> Response:
+def _respond(request: Request, error: KvgateError) -> Response:
     log = request.scope.get("state", {}).get("log")
     if isinstance(log, dict):
         log["error_type"] = error.anthropic_type
@@ -98,8 +100,8 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(GatewayError)
-    async def gateway_error(request: Request, exc: GatewayError) -> Response:
+    @app.exception_handler(KvgateError)
+    async def gateway_error(request: Request, exc: KvgateError) -> Response:
         return _respond(request, exc)
 
     @app.exception_handler(RequestValidationError)
@@ -110,7 +112,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            error: GatewayError = NotFoundError(f"not found: {request.method} {request.url.path}")
+            error: KvgateError = NotFoundError(f"not found: {request.method} {request.url.path}")
         else:
             error = InvalidRequestError(str(exc.detail), headers=dict(exc.headers or {}))
             error.status = exc.status_code

@@ -12,12 +12,19 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.api.errors import database_unavailable_error, dialect_for, render_error
-from gateway.errors import ApiError, GatewayError, InvalidRequestError, RequestTimeoutError, RequestTooLargeError
+from gateway.api.errors import dialect_for, render_error
 from gateway.logs import log_failure
 from gateway.unicode_text import lone_surrogate, lone_surrogate_message, may_hold_surrogate
 from kvgate.db import utcnow
 from kvgate.db_health import is_database_unavailable
+from kvgate.errors import (
+    ApiError,
+    InvalidRequestError,
+    KvgateError,
+    RequestTimeoutError,
+    RequestTooLargeError,
+    database_unavailable_error,
+)
 
 log = structlog.get_logger("kvgate.request")
 
@@ -169,7 +176,7 @@ class RequestContextMiddleware:
             if not too_large and not nul and not timed_out and bad_text is None:
                 await send_with_id(message)
 
-        async def fail(error: GatewayError) -> None:
+        async def fail(error: KvgateError) -> None:
             fields["error_type"] = error.anthropic_type
             response = render_error(error, dialect=dialect_for(path, headers), request_id=request_id)
             await response(scope, receive, send_with_id)

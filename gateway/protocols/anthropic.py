@@ -8,17 +8,21 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, TopK, type_tag
+from kvgate.errors import InvalidRequestError
+from kvgate.usage import TTL_BY_NAME
 
 MAX_BREAKPOINTS = 4
-TTL_SECONDS = {"5m": 300, "1h": 3600}
 
 
 class CacheControl(Strict):
     type: Literal["ephemeral"]
     ttl: Literal["5m", "1h"] = "5m"
+
+    @property
+    def ttl_s(self) -> int:
+        return TTL_BY_NAME[self.ttl].seconds
 
 
 class TextBlock(Strict):
@@ -102,7 +106,7 @@ def _unsupported(where: str, kind: str) -> InvalidRequestError:
 def _text_part(block: TextBlock, where: str) -> TextPart:
     if not block.text:
         raise InvalidRequestError(f"{where}: text content blocks must be non-empty", param=where)
-    return TextPart(block.text, TTL_SECONDS[block.cache_control.ttl] if block.cache_control else None)
+    return TextPart(block.text, block.cache_control.ttl_s if block.cache_control else None)
 
 
 def _check_unsupported_features(request: CountTokensRequest) -> None:
@@ -125,7 +129,7 @@ def to_chat(request: CountTokensRequest) -> Chat:
         tools.append(
             ToolDef(
                 {"type": "function", "function": function},
-                TTL_SECONDS[tool.cache_control.ttl] if tool.cache_control else None,
+                tool.cache_control.ttl_s if tool.cache_control else None,
             )
         )
 
@@ -155,7 +159,7 @@ def to_chat(request: CountTokensRequest) -> Chat:
         messages.append(ChatMessage(message.role, parts))
 
     if request.cache_control is not None:
-        messages = _automatic_breakpoint(messages, TTL_SECONDS[request.cache_control.ttl])
+        messages = _automatic_breakpoint(messages, request.cache_control.ttl_s)
     chat = Chat(messages=tuple(messages), tools=tuple(tools))
     _validate_breakpoints(chat)
     return chat

@@ -6,7 +6,7 @@ from collections.abc import AsyncGenerator
 
 import structlog
 
-from gateway.generation import Finished, Generation, TokenCounts, output_error
+from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
 from gateway.protocols.anthropic import (
     AnthropicUsage,
@@ -17,6 +17,7 @@ from gateway.protocols.anthropic import (
     stop_reason,
 )
 from gateway.sse import event
+from kvgate.usage import TokenCounts
 
 log = structlog.get_logger("kvgate.gateway")
 
@@ -24,11 +25,11 @@ log = structlog.get_logger("kvgate.gateway")
 def usage_of(counts: TokenCounts, finished: Finished | None = None) -> AnthropicUsage:
     return AnthropicUsage(
         input_tokens=counts.input,
-        cache_creation_input_tokens=counts.writes,
-        cache_read_input_tokens=counts.read,
+        cache_creation_input_tokens=counts.cache_writes,
+        cache_read_input_tokens=counts.cache_read,
         cache_creation=CacheCreation(
-            ephemeral_5m_input_tokens=counts.write_5m + counts.write_24h,
-            ephemeral_1h_input_tokens=counts.write_1h,
+            ephemeral_5m_input_tokens=counts.cache_write_5m + counts.cache_write_24h,
+            ephemeral_1h_input_tokens=counts.cache_write_1h,
         ),
         output_tokens=counts.output,
         cost_usd=finished.cost_usd if finished else None,

@@ -7,11 +7,13 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
 from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
+from kvgate.errors import InvalidRequestError
+from kvgate.usage import CACHE_5M, CACHE_24H
 
-RETENTION_TTL_S = {"in_memory": 300, "in-memory": 300, "24h": 86400}
+# prompt_cache_retention as OpenAI spells it, to our TTL classes.
+RETENTION_TTL_S = {"in_memory": CACHE_5M.seconds, "in-memory": CACHE_5M.seconds, "24h": CACHE_24H.seconds}
 
 
 class TextPartParam(Strict):

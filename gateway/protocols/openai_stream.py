@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from gateway.errors import openai_body
+from gateway.api.errors import openai_body
 from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
 from gateway.protocols.openai import (
@@ -28,10 +28,12 @@ log = structlog.get_logger("kvgate.gateway")
 def usage_of(finished: Finished) -> CompletionUsage:
     counts = finished.counts
     return CompletionUsage(
-        prompt_tokens=counts.prompt,
+        prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.output,
-        total_tokens=counts.prompt + counts.output,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=counts.read, cache_write_tokens=counts.writes),
+        total_tokens=counts.prompt_tokens + counts.output,
+        prompt_tokens_details=PromptTokensDetails(
+            cached_tokens=counts.cache_read, cache_write_tokens=counts.cache_writes
+        ),
         cost_usd=finished.cost_usd,
     )
 

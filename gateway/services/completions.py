@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from gateway.cache_regions import automatic_region, breakpoint_regions
-from gateway.errors import InvalidRequestError, ModelNotFoundError
 from gateway.generation import Prepared, output_budget
 from gateway.protocols import anthropic, openai
 from gateway.state import Gateway
 from inference.types import SamplingParams
+from kvgate.errors import InvalidRequestError, ModelNotFoundError
+from kvgate.usage import STANDARD_TTLS_S
 
 # Below this a temperature is greedy and a top_p keeps only the top token (vLLM's
 # epsilon); passing smaller values through would divide logits into inf/nan.
@@ -62,7 +63,7 @@ def prepare_message(gw: Gateway, *, request: anthropic.MessagesRequest) -> Prepa
 def prepare_chat_completion(gw: Gateway, *, request: openai.ChatCompletionRequest) -> Prepared:
     model = check_model(gw, model=request.model)
     ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
-    if ttl_s not in (300, 3600) and not gw.billing.allows_ttl(model=model, ttl_s=ttl_s):
+    if ttl_s not in STANDARD_TTLS_S and not gw.billing.allows_ttl(model=model, ttl_s=ttl_s):
         raise InvalidRequestError(
             f"prompt_cache_retention: {request.prompt_cache_retention!r} is not enabled on this server",
             param="prompt_cache_retention",

@@ -9,8 +9,6 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
-from gateway.models import TENANT_ACTIVE, ApiKey, Tenant
 from gateway.security import (
     constant_time_equal,
     display_prefix,
@@ -22,6 +20,8 @@ from gateway.security import (
 from gateway.services.tenants import get_tenant
 from kvgate.db import utcnow
 from kvgate.db_health import is_database_unavailable
+from kvgate.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from kvgate.tenancy import TENANT_ACTIVE, ApiKey, Tenant
 
 # last_used_at is informational; refreshing it at most this often keeps auth read-only
 # on the hot path.

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.models import ServerState
 from gateway.security import constant_time_equal, generate_secret, hash_secret
 from kvgate.db import insert_ignore
+from kvgate.tenancy import ServerState
 
 SECRET_KEY = "salt_secret"
 ADMIN_TOKEN_HASH_KEY = "admin_token_sha256"

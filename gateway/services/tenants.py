@@ -5,9 +5,9 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.errors import NotFoundError
-from gateway.models import TENANT_ACTIVE, TENANT_SUSPENDED, Tenant
 from gateway.security import new_id
+from kvgate.errors import NotFoundError
+from kvgate.tenancy import TENANT_ACTIVE, TENANT_SUSPENDED, Tenant
 
 
 async def create_tenant(session: AsyncSession, *, name: str) -> Tenant:

@@ -20,8 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from billing import catalog
 from billing.pricebook import PriceBook
 from billing.prices import PriceSpec, load_price_file
-from gateway.models import ApiKey, Tenant
 from kvgate.db import migrate, open_database
+from kvgate.tenancy import ApiKey, Tenant
 from tests.gateway.harness import free_port, pg_reachable, postgres_database
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

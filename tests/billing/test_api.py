@@ -28,8 +28,8 @@ from billing.ledger import UsageCharge
 from billing.models import WebhookEvent
 from billing.service import BillingService
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
 from gateway.api.errors import install_error_handlers
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 
 SECRET = "whsec_kvgate_test"

@@ -16,8 +16,8 @@ from billing.ledger import UsageCharge
 from billing.models import BudgetCounter, BudgetReservation, LedgerEntry
 from billing.service import BillingService
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
 from kvgate.db import create_engine, session_factory
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 
 NOW = datetime(2026, 3, 10, 12, tzinfo=UTC)

@@ -14,10 +14,10 @@ from pypdf import PdfReader
 from billing.ledger import UsageCharge
 from billing.service import BillingService
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
-from gateway.models import ApiKey, Tenant
 from kvgate.cli import main
 from kvgate.db import migrate, open_database
+from kvgate.tenancy import ApiKey, Tenant
+from kvgate.usage import TokenCounts
 
 
 @pytest.fixture

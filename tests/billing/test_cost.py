@@ -20,7 +20,7 @@ from billing.money import (
 )
 from billing.pricebook import NoPriceError, PriceBook
 from billing.prices import PriceError, PriceSpec, PriceVersion, load_price_file, parse_price_entries
-from billing.tokens import TokenCounts
+from kvgate.usage import TokenCounts
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

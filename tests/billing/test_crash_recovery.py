@@ -25,13 +25,13 @@ from billing.models import BudgetCounter, BudgetReservation, LedgerEntry
 from billing.pricebook import PriceBook
 from billing.service import BillingService
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
 from gateway.billing_hooks import Admission
 from gateway.inflight import InflightEntry, InflightJournal
-from gateway.models import UsageRecord
 from gateway.recovery import recover_interrupted
-from gateway.usage import DatabaseUsageRecorder, UsageEvent, UsageRecorder
+from gateway.usage import DatabaseUsageRecorder, UsageRecorder
 from kvgate.db import create_engine, session_factory, utcnow
+from kvgate.tenancy import UsageRecord
+from kvgate.usage import TokenCounts, UsageEvent
 from tests.billing.conftest import make_tenant
 from tests.billing.tcp_proxy import CuttableProxy
 from tests.gateway.test_inflight import crash
@@ -98,11 +98,7 @@ class Requests:
             model=MODEL,
             endpoint="messages",
             started_at=self.started_at,
-            input_tokens=PROMPT[name] - 256,
-            cache_write_5m_tokens=0,
-            cache_write_1h_tokens=0,
-            cache_read_tokens=256,
-            output_tokens=40,
+            counts=TokenCounts(input=PROMPT[name] - 256, cache_read=256, output=40),
             ttft_ms=12,
             latency_ms=90,
             status="ok",
@@ -143,8 +139,7 @@ async def state(sessions: async_sessionmaker[AsyncSession], reqs: Requests) -> d
 
 
 def cost(pricebook: PriceBook, event: UsageEvent) -> int:
-    counts = TokenCounts(input=event.input_tokens, cache_read=event.cache_read_tokens, output=event.output_tokens)
-    return pricebook.price_for(MODEL, event.started_at).cost_pico(counts)
+    return pricebook.price_for(MODEL, event.started_at).cost_pico(event.counts)
 
 
 def assert_recovered(after: dict[str, Any], reqs: Requests, pricebook: PriceBook, *, interrupted: set[str]) -> None:
@@ -162,7 +157,7 @@ def assert_recovered(after: dict[str, Any], reqs: Requests, pricebook: PriceBook
             assert (entry_input, entry_output, entry_cost) == (0, 0, 0)
         else:
             finished = reqs.finished(name)
-            assert status == "ok" and (input_tokens, read, output) == (finished.input_tokens, 256, 40)
+            assert status == "ok" and (input_tokens, read, output) == (finished.counts.input, 256, 40)
             assert entry_cost == cost(pricebook, finished) > 0
     assert after["reservations"] == []
     spent = sum(e[5] for e in after["entries"])
@@ -333,6 +328,6 @@ def test_interrupted_requests_are_billed_nothing_but_keep_their_prompt() -> None
 
     reqs = Requests("ten_x", "key_x")
     event = reqs.entry("A").interrupted_event()
-    assert event.status == "interrupted" and event.prompt_tokens == PROMPT["A"]
+    assert event.status == "interrupted" and event.counts.prompt_tokens == PROMPT["A"]
     assert charge_from_event(event).counts == TokenCounts()
     assert charge_from_event(reqs.finished("A")).counts.prompt_tokens == PROMPT["A"]

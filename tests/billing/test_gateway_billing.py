@@ -23,9 +23,9 @@ from sqlalchemy.engine import make_url
 
 from billing import budgets
 from billing.models import LedgerEntry
-from billing.tokens import TokenCounts
-from gateway.models import UsageRecord
 from kvgate.db import create_engine, session_factory
+from kvgate.tenancy import UsageRecord
+from kvgate.usage import TokenCounts
 from tests.billing.tcp_proxy import CuttableProxy
 from tests.gateway.harness import GatewayServer
 

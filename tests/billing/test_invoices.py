@@ -27,7 +27,7 @@ from billing.ledger import UsageCharge
 from billing.prices import PriceSpec
 from billing.render import render_html, render_pdf
 from billing.settlement import reverse_charge, settle_charge
-from billing.tokens import TokenCounts
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 
 MARCH = date(2026, 3, 1)

@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 from billing.ledger import DUPLICATES, LedgerError, UsageCharge
 from billing.models import Invoice, LedgerEntry
 from billing.settlement import reverse_charge, settle_charge
-from billing.tokens import TokenCounts
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 
 NOW = datetime(2026, 3, 10, 12, tzinfo=UTC)

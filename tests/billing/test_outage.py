@@ -31,8 +31,8 @@ from sqlalchemy.engine import make_url
 
 from billing import budgets
 from billing.models import LedgerEntry
-from gateway.models import ApiKey, UsageRecord
 from kvgate.db import create_engine, session_factory, utcnow
+from kvgate.tenancy import ApiKey, UsageRecord
 from tests.billing.tcp_proxy import CuttableProxy
 from tests.gateway.harness import GatewayServer, Key
 

@@ -20,9 +20,9 @@ from billing.budgets import BudgetExceededError
 from billing.ledger import UsageCharge
 from billing.service import BillingService, BudgetUnavailableError
 from billing.settings import BillingSettings
-from billing.tokens import TokenCounts
 from kvgate.db import create_engine, session_factory
 from kvgate.db_health import DatabaseHealth
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 from tests.billing.tcp_proxy import CuttableProxy
 

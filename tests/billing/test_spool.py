@@ -16,8 +16,8 @@ from billing.models import LedgerEntry
 from billing.service import BillingService, BudgetUnavailableError, parse_spool_record, spool_record
 from billing.settings import BillingSettings
 from billing.spool import Spool, decode_line, encode_line
-from billing.tokens import TokenCounts
 from kvgate.db import create_engine, session_factory
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 from tests.billing.tcp_proxy import CuttableProxy
 

@@ -13,7 +13,7 @@ from billing.invoices import InvoiceStateError, finalize_invoice, list_invoices,
 from billing.ledger import UsageCharge
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
-from billing.tokens import TokenCounts
+from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 
 

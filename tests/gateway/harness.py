@@ -24,16 +24,17 @@ import openai
 import sqlalchemy as sa
 import uvicorn
 
-from gateway.app import create_app
-from gateway.billing_hooks import STANDARD_TTLS_S, Admission
+from gateway.backends.embedded import EmbeddedEngine
+from gateway.billing_hooks import Admission
 from gateway.connections import uvicorn_options
-from gateway.errors import BillingError
 from gateway.settings import GatewaySettings
-from gateway.usage import UsageEvent
 from inference.async_engine import AsyncEngine
 from inference.clock import ManualClock
 from inference.settings import EngineSettings
+from kvgate.app import create_app
 from kvgate.db import migrate, sync_url
+from kvgate.errors import BillingError
+from kvgate.usage import STANDARD_TTLS_S, UsageEvent
 
 ADMIN_TOKEN = "test-admin-token"
 PG_ADMIN_DSN = os.environ.get("KVGATE_TEST_PG_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres")
@@ -122,7 +123,7 @@ class GatewayServer:
         **settings: Any,
     ) -> None:
         """`billing`: the hooks to use (a ScriptedBilling by default); `discover_billing`: none, so the
-        app finds billing's real hooks as `kvgate serve` does; `wrap_engine`: applied to the engine the
+        app builds billing's real hooks as `kvgate serve` does; `wrap_engine`: applied to the engine the
         app builds (for tests that need to hold requests in flight)."""
         self.database_url = database_url
         self.port = free_port()
@@ -143,7 +144,7 @@ class GatewayServer:
         wrap = wrap_engine or (lambda engine: engine)
         self.app = create_app(
             self.settings,
-            engine_factory=lambda: wrap(AsyncEngine.from_settings(engine_settings, clock=self.clock)),
+            engine_factory=lambda: wrap(EmbeddedEngine(AsyncEngine.from_settings(engine_settings, clock=self.clock))),
             billing=self._billing,
         )
         self._server = uvicorn.Server(

@@ -60,7 +60,7 @@ def wait_for_record(server: GatewayServer, tenant_id: str, timeout_s: float) -> 
 
 @pytest.mark.parametrize("api", ["anthropic", "openai"])
 def test_closing_the_connection_cancels_a_non_streaming_request(gateway: GatewayServer, api: str) -> None:
-    engine = gateway.gateway.engine.core
+    engine = gateway.gateway.engine.engine.core
     # A completed request is recorded `ok` with every token asked for.
     done = gateway.new_key()
     with socket.create_connection(("127.0.0.1", gateway.port), timeout=60) as sock:

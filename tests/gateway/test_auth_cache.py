@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 
 from gateway.auth_cache import PrincipalCache
-from gateway.errors import AuthenticationError
 from gateway.services.keys import Principal
 from kvgate.db import utcnow
+from kvgate.errors import AuthenticationError
 
 
 class Ticker:

@@ -127,7 +127,7 @@ def fault_gateway(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
     """A gateway whose engine raises while producing any token of a poisoned request."""
     url = f"sqlite:///{tmp_path_factory.mktemp('faults') / 'kvgate.db'}"
     server = GatewayServer(model_dir=tiny_llama_dir, database_url=url).start()
-    core = server.gateway.engine.core
+    core = server.gateway.engine.engine.core
     append_token = core._append_token
 
     def faulty(tracked: Any, token: int) -> Any:
@@ -198,7 +198,7 @@ class EngineThreadKilled(BaseException):
 def dying_gateway(tiny_llama_dir: Path, tmp_path: Path) -> Iterator[tuple[GatewayServer, threading.Event]]:
     """A gateway whose engine loop raises a BaseException once the returned event is set."""
     server = GatewayServer(model_dir=tiny_llama_dir, database_url=f"sqlite:///{tmp_path / 'kvgate.db'}").start()
-    core = server.gateway.engine.core
+    core = server.gateway.engine.engine.core
     step, kill = core.step, threading.Event()
 
     def faulty() -> Any:
@@ -221,7 +221,7 @@ def test_a_dead_engine_thread_fails_waiting_requests_at_once_and_health_says_503
     assert httpx.get(f"{server.base_url}/healthz").status_code == 200
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(post_anthropic, server, key, max_tokens=4000, timeout=30)
-        while not server.gateway.engine.core.has_unfinished():
+        while not server.gateway.engine.engine.core.has_unfinished():
             time.sleep(0.01)
         killed_at = time.monotonic()
         kill.set()
@@ -232,7 +232,7 @@ def test_a_dead_engine_thread_fails_waiting_requests_at_once_and_health_says_503
     assert server.usage_record(response.headers["request-id"])["status"] == "error"  # type: ignore[index]
 
     health = httpx.get(f"{server.base_url}/healthz")
-    assert health.status_code == 503 and "EngineThreadKilled" in health.json()["reason"]
+    assert health.status_code == 503 and "EngineThreadKilled" in health.json()["error"]["message"]
     assert health.headers["retry-after"]
 
     began = time.monotonic()

@@ -7,7 +7,8 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
-from kvgate.db import alembic_config, load_models, sync_url
+from kvgate.app import load_models
+from kvgate.db import alembic_config, sync_url
 
 
 def _drift(url: str) -> list[object]:

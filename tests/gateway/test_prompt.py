@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from gateway.errors import InvalidRequestError
 from gateway.prompt import Chat, ChatMessage, PromptRenderer, TextPart, ToolDef
+from kvgate.errors import InvalidRequestError
 
 TOOLS_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}"

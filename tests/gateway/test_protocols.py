@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway.errors import InvalidRequestError
 from gateway.protocols import anthropic, openai
+from kvgate.errors import InvalidRequestError
 
 
 def message_request(**body: Any) -> anthropic.MessagesRequest:

@@ -10,12 +10,13 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.errors import AuthenticationError, NotFoundError, PermissionDeniedError
-from gateway.models import ApiKey, UsageRecord
 from gateway.security import hash_secret
 from gateway.services import keys, server_state, tenants
-from gateway.usage import DatabaseUsageRecorder, UsageEvent
+from gateway.usage import DatabaseUsageRecorder
 from kvgate.db import utcnow
+from kvgate.errors import AuthenticationError, NotFoundError, PermissionDeniedError
+from kvgate.tenancy import ApiKey, UsageRecord
+from kvgate.usage import TokenCounts, UsageEvent
 
 Sessions = async_sessionmaker[AsyncSession]
 
@@ -98,11 +99,7 @@ def _event(request_id: str) -> UsageEvent:
         model="m",
         endpoint="messages",
         started_at=utcnow(),
-        input_tokens=10,
-        cache_write_5m_tokens=32,
-        cache_write_1h_tokens=16,
-        cache_read_tokens=48,
-        output_tokens=5,
+        counts=TokenCounts(input=10, cache_write_5m=32, cache_write_1h=16, cache_read=48, output=5),
         ttft_ms=12,
         latency_ms=40,
         status="ok",
@@ -112,7 +109,9 @@ def _event(request_id: str) -> UsageEvent:
 async def test_usage_records_are_insert_or_ignore_by_request_id(gw_sessions: Sessions, gw_db_url: str) -> None:
     recorder = DatabaseUsageRecorder(gw_db_url)
     event = _event(f"req_{utcnow().timestamp()}")
-    results = await asyncio.gather(*(recorder.record(replace(event, output_tokens=n)) for n in range(5)))
+    results = await asyncio.gather(
+        *(recorder.record(replace(event, counts=replace(event.counts, output=n))) for n in range(5))
+    )
     await recorder.aclose()
     assert sorted(results) == [False, False, False, False, True]
     async with gw_sessions() as session:
@@ -126,7 +125,7 @@ async def test_usage_records_are_insert_or_ignore_by_request_id(gw_sessions: Ses
         48,
     )
     assert row.started_at.tzinfo is not None
-    assert event.prompt_tokens == 10 + 32 + 16 + 48
+    assert event.counts.prompt_tokens == 10 + 32 + 16 + 48
 
 
 async def test_concurrent_records_share_commits_and_each_lands_once(gw_sessions: Sessions, gw_db_url: str) -> None:

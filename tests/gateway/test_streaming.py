@@ -160,4 +160,4 @@ def test_an_abandoned_stream_is_cancelled_and_recorded_once(gateway: GatewayServ
     assert time.monotonic() - started < 30
     assert gateway.count_usage_records(request_id) == 1
     # Nothing of the request is left running.
-    assert not gateway.gateway.engine.core.has_unfinished()
+    assert not gateway.gateway.engine.engine.core.has_unfinished()

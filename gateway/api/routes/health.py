@@ -7,18 +7,20 @@ traffic, and a supervisor restarts the process.
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.responses import JSONResponse
 
 from gateway.api.deps import GatewayDep
 from gateway.generation import UNAVAILABLE_RETRY_S
+from inference.types import EngineError
+from kvgate.errors import UnavailableError
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz")
-async def healthz(gw: GatewayDep) -> JSONResponse:
-    reason = getattr(gw.engine, "dead_reason", None)
-    if reason is not None:
-        body = {"status": "unavailable", "model": gw.engine.model_id, "reason": f"the engine died: {reason}"}
-        return JSONResponse(body, status_code=503, headers={"retry-after": str(int(UNAVAILABLE_RETRY_S))})
-    return JSONResponse({"status": "ok", "model": gw.engine.model_id})
+async def healthz(gw: GatewayDep) -> dict[str, str]:
+    try:
+        await gw.engine.check_health()
+    except EngineError as exc:
+        # A dead engine does not come back by itself: the body names why, retry-after says when to look again.
+        raise UnavailableError(str(exc), headers={"retry-after": str(int(UNAVAILABLE_RETRY_S))}) from exc
+    return {"status": "ok", "model": gw.engine.model_id}

@@ -9,8 +9,8 @@ from starlette.responses import JSONResponse, Response
 
 from gateway.api.deps import ContextDep, GatewayDep
 from gateway.api.responses import json_response
-from gateway.errors import NotFoundError
 from gateway.protocols.openai import ModelCard, ModelList
+from kvgate.errors import NotFoundError
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

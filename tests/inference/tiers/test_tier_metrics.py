@@ -8,12 +8,13 @@ from types import SimpleNamespace
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference.metrics import EngineMetrics
+from inference.stats import make_engine_stats
 from tests.inference.helpers import checked, random_prompt
 from tests.inference.tiers.helpers import ONE_TOKEN, committed_hashes, push_down
 
 
 def scrape(engine) -> dict[str, float]:
-    metrics = EngineMetrics(SimpleNamespace(core=engine, model_id=engine.model_id))
+    metrics = EngineMetrics(SimpleNamespace(stats=lambda: make_engine_stats(engine), model_id=engine.model_id))
     text, _ = metrics.render()
     samples = {}
     for family in text_string_to_metric_families(text.decode()):

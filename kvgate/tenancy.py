@@ -1,4 +1,7 @@
-"""The gateway's tables: tenants, their API keys, usage records and server state."""
+"""The tables every package shares: tenants, their API keys, usage records and server state.
+
+The gateway writes them; billing reads them (budgets, invoices, Stripe customers).
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""Errors the gateway returns, and how each API (Anthropic, OpenAI) spells them.
+"""Errors a client sees, each with its HTTP status and its type in each API (Anthropic, OpenAI).
 
-Handlers and services raise GatewayError subclasses; the exception handlers in
-gateway.api.errors render them in the shape of the API the request was made to.
+Every package raises KvgateError subclasses (billing's domain errors among them);
+gateway.api.errors maps them to HTTP once, in the shape of the API the request was
+made to. Nothing else turns an error into a status.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import math
 
 
-class GatewayError(Exception):
+class KvgateError(Exception):
     status: int = 500
+    openai_status: int | None = None  # where OpenAI's clients expect another status than `status`
     anthropic_type: str = "api_error"
     openai_type: str = "server_error"
     openai_code: str | None = None
@@ -28,7 +30,7 @@ class GatewayError(Exception):
         self.headers = dict(headers or {})
 
 
-class InvalidRequestError(GatewayError):
+class InvalidRequestError(KvgateError):
     status = 400
     anthropic_type = "invalid_request_error"
     openai_type = "invalid_request_error"
@@ -43,14 +45,14 @@ class PromptTooLongError(InvalidRequestError):
         super().__init__(message, param="messages")
 
 
-class AuthenticationError(GatewayError):
+class AuthenticationError(KvgateError):
     status = 401
     anthropic_type = "authentication_error"
     openai_type = "invalid_request_error"
     openai_code = "invalid_api_key"
 
 
-class BillingError(GatewayError):
+class BillingError(KvgateError):
     """A budget or payment problem; billing's admission hook raises it."""
 
     status = 402
@@ -59,14 +61,14 @@ class BillingError(GatewayError):
     openai_code = "insufficient_quota"
 
 
-class PermissionDeniedError(GatewayError):
+class PermissionDeniedError(KvgateError):
     status = 403
     anthropic_type = "permission_error"
     openai_type = "permission_error"
     openai_code = "permission_denied"
 
 
-class NotFoundError(GatewayError):
+class NotFoundError(KvgateError):
     status = 404
     anthropic_type = "not_found_error"
     openai_type = "invalid_request_error"
@@ -77,14 +79,14 @@ class ModelNotFoundError(NotFoundError):
     openai_code = "model_not_found"
 
 
-class RequestTooLargeError(GatewayError):
+class RequestTooLargeError(KvgateError):
     status = 413
     anthropic_type = "request_too_large"
     openai_type = "invalid_request_error"
     openai_code = "request_too_large"
 
 
-class RequestTimeoutError(GatewayError):
+class RequestTimeoutError(KvgateError):
     """The client did not send the request body in time."""
 
     status = 408
@@ -93,7 +95,7 @@ class RequestTimeoutError(GatewayError):
     openai_code = "request_timeout"
 
 
-class _RetryableError(GatewayError):
+class _RetryableError(KvgateError):
     def __init__(self, message: str, *, retry_after_s: float, headers: dict[str, str] | None = None) -> None:
         merged = {"retry-after": str(max(1, math.ceil(retry_after_s)))}
         merged.update(headers or {})
@@ -134,40 +136,42 @@ class AdminDatabaseUnavailableError(DatabaseUnavailableError):
 
     status = 503
     anthropic_type = "api_error"
+    openai_status = None
+
+
+class ConflictError(KvgateError):
+    """The request conflicts with the state of what it names (finalizing a running month)."""
+
+    status = 409
+    anthropic_type = "conflict_error"
+    openai_type = "invalid_request_error"
+
+
+class UnavailableError(KvgateError):
+    """A part the request needs is not configured or not reachable now."""
+
+    status = 503
+    anthropic_type = "api_error"
 
 
 # How long clients are told to wait while the database is away.
 DATABASE_RETRY_AFTER_S = 2.0
 
 
+def database_unavailable_error(path: str) -> DatabaseUnavailableError:
+    """The retryable error for a request that needs the database while it is away: 529/503 on the
+    model APIs (the key may well be valid), 503 on the admin API and elsewhere."""
+    message = "the database is unavailable; retry after the time in the retry-after header"
+    if path.startswith("/v1/"):
+        return DatabaseUnavailableError(message, retry_after_s=DATABASE_RETRY_AFTER_S)
+    return AdminDatabaseUnavailableError(message, retry_after_s=DATABASE_RETRY_AFTER_S)
+
+
 class EngineUnavailableError(OverloadedError):
     """The engine is not serving (its thread died, or the server is stopping): 529 / OpenAI 503, with retry-after."""
 
 
-class ApiError(GatewayError):
+class ApiError(KvgateError):
     status = 500
     anthropic_type = "api_error"
     openai_type = "server_error"
-
-
-def openai_status(error: GatewayError) -> int:
-    return getattr(error, "openai_status", error.status)
-
-
-def anthropic_body(error: GatewayError, request_id: str | None) -> dict[str, object]:
-    return {
-        "type": "error",
-        "error": {"type": error.anthropic_type, "message": error.message},
-        "request_id": request_id,
-    }
-
-
-def openai_body(error: GatewayError) -> dict[str, object]:
-    return {
-        "error": {
-            "message": error.message,
-            "type": error.openai_type,
-            "param": error.param,
-            "code": error.openai_code,
-        }
-    }

@@ -1,0 +1,1 @@
+"""Engine clients: how the gateway reaches an inference engine (base.EngineClient), and the backends."""
