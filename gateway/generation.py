@@ -342,8 +342,7 @@ async def journal_begin(gw: Gateway, *, ctx: RequestContext, admission: Admissio
     except BaseException as exc:
         # Cancelled while the write was on its way, it may still land: close it again.
         journal_end(gw, admission.request_id)
-        if isinstance(exc, JournalError):
-            log.error("inflight_journal_failed", request_id=admission.request_id, error=str(exc))
+        if isinstance(exc, JournalError):  # the journal logs the failure once, not per request
             raise OverloadedError(
                 "the server cannot record requests durably right now", retry_after_s=OVERLOADED_RETRY_S
             ) from exc
