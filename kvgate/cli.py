@@ -26,6 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports torch: its OpenMP runtime reads these once, when it loads.
+    from inference.cpu_threads import set_openmp_defaults
+
+    set_openmp_defaults()
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
     return handler(args) or 0
