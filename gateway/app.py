@@ -18,12 +18,13 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks, NoBilling
-from gateway.cpu_pool import CpuPool
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.prompt_bounds import derive_bounds
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
+from gateway.request_workers import RequestWorkers, WorkerSetup
+from gateway.services.completions import PrepareContext
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
@@ -75,10 +76,12 @@ def create_app(
     billing: BillingHooks | None = None,
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,
+    prewarm_workers: bool = False,
 ) -> FastAPI:
     """The gateway app. The engine is built and started by the lifespan, in the serving loop.
 
-    The database must already be migrated (`kvgate serve` does it first).
+    The database must already be migrated (`kvgate serve` does it first). prewarm_workers
+    starts the request worker processes at start-up rather than on the first large body.
     """
     settings = settings or GatewaySettings()
 
@@ -116,15 +119,25 @@ def create_app(
         if bounds.why_not:
             log.info("prompt_bounds_limited", reason=bounds.why_not)
         rate_limiter = limiter or (RedisRateLimiter(settings.redis_url) if settings.redis_url else MemoryRateLimiter())
+        renderer = PromptRenderer(
+            apply_chat_template=engine.apply_chat_template,
+            tokenizer=engine.tokenizer,
+            bounds=bounds,
+            max_prompt_tokens=engine.max_model_len - 1,
+        )
+        prep = PrepareContext(engine.model_id, engine.max_model_len, settings.min_cacheable_tokens, renderer)
+        workers = RequestWorkers(
+            processes=settings.request_workers,
+            setup=WorkerSetup(
+                engine.tokenizer, engine.model_id, engine.max_model_len, settings.min_cacheable_tokens, bounds
+            ),
+        )
+        if prewarm_workers:
+            workers.prewarm()
         gw = Gateway(
             settings=settings,
             engine=engine,
-            renderer=PromptRenderer(
-                apply_chat_template=engine.apply_chat_template,
-                tokenizer=engine.tokenizer,
-                bounds=bounds,
-                max_prompt_tokens=engine.max_model_len - 1,
-            ),
+            renderer=renderer,
             sessions=sessions,
             limiter=rate_limiter,
             recorder=usage_recorder,
@@ -133,14 +146,15 @@ def create_app(
             admin=admin,
             auth_cache=PrincipalCache(settings.auth_cache_ttl_s),
             metrics=GatewayMetrics(engine),
-            cpu=CpuPool(settings.request_threads),
+            prep=prep,
+            workers=workers,
         )
         app.state.gateway = gw
         try:
             yield
         finally:
             await gw.drain()
-            gw.cpu.close()
+            gw.workers.close()
             close = getattr(hooks, "aclose", None)
             if close is not None:
                 await close()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth_cache import PrincipalCache
 from gateway.billing_hooks import BillingHooks
-from gateway.cpu_pool import CpuPool
 from gateway.engine import Engine
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -20,6 +19,10 @@ from gateway.services.keys import Principal
 from gateway.services.server_state import AdminTokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
+
+if TYPE_CHECKING:
+    from gateway.request_workers import RequestWorkers
+    from gateway.services.completions import PrepareContext
 
 
 @dataclass
@@ -35,7 +38,8 @@ class Gateway:
     admin: AdminTokenVerifier
     auth_cache: PrincipalCache
     metrics: GatewayMetrics
-    cpu: CpuPool
+    prep: PrepareContext
+    workers: RequestWorkers
     background: set[asyncio.Task[Any]] = field(default_factory=set)
 
     def limits_for(self, principal: Principal) -> Limits:
