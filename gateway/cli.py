@@ -171,7 +171,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, prewarm_workers=True),
         host=settings.host,
         port=settings.port,
         log_config=None,

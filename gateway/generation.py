@@ -144,9 +144,9 @@ class Finished:
     cost_usd: Decimal | None
 
 
-def output_budget(gw: Gateway, *, prompt_tokens: int, requested: int | None) -> int:
+def output_budget(max_model_len: int, *, prompt_tokens: int, requested: int | None) -> int:
     """max_tokens clipped to the context left after the prompt; 400 if there is none."""
-    limit = gw.engine.max_model_len
+    limit = max_model_len
     room = limit - prompt_tokens
     if room <= 0:
         raise PromptTooLongError(f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
