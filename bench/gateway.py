@@ -13,6 +13,9 @@ subprocess (uvicorn, SQLite database in a temporary directory, like `make run`):
    answers instantly (bench/instant_engine.py), so the whole latency is gateway +
    HTTP client.
 3. Requests/s at concurrency 32 against the instant stand-in.
+4. The in-flight journal's cost: 2 and 3 with KVGATE_INFLIGHT_JOURNAL off and on, alternating,
+   and the journal's write against a database row per admission (bench/inflight.py). Its own
+   section of docs/benchmarks.md; `--journal-only` runs just this one.
 
 The results go to stdout, and with --write-docs into the gateway section of
 docs/benchmarks.md (between its markers; the rest of the file is left alone).
@@ -78,7 +81,11 @@ def serve(args: argparse.Namespace) -> None:
     from kvgate.db import migrate
 
     settings = GatewaySettings(
-        database_url=args.database_url, admin_token=ADMIN_TOKEN, secret="bench", min_cacheable_tokens=64
+        database_url=args.database_url,
+        admin_token=ADMIN_TOKEN,
+        secret="bench",
+        min_cacheable_tokens=64,
+        inflight_journal=args.journal == "on",
     )
     migrate(settings.database_url)
     if args.engine == "instant":
@@ -95,6 +102,13 @@ def serve(args: argparse.Namespace) -> None:
 
     # Billing's hooks are their own benchmark; this one measures the gateway's seam with the no-op.
     app = create_app(settings, engine_factory=factory, billing=NoBilling())
+
+    @app.get("/bench/journal")
+    def journal_syncs() -> dict[str, int]:
+        """How many fdatasyncs the in-flight journal has made (0 when it is off)."""
+        journal = app.state.gateway.journal
+        return {"syncs": journal.syncs if journal is not None else 0}
+
     import logging
 
     logging.getLogger().setLevel(logging.WARNING)
@@ -105,14 +119,14 @@ def serve(args: argparse.Namespace) -> None:
 
 
 class Server:
-    def __init__(self, engine: str, model: str, workdir: Path) -> None:
+    def __init__(self, engine: str, model: str, workdir: Path, journal: str = "on") -> None:
         from tests.gateway.harness import free_port
 
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        db = f"sqlite:///{workdir / f'{engine}.db'}"
+        db = f"sqlite:///{workdir / f'{engine}-journal-{journal}-{self.port}.db'}"
         command = [sys.executable, __file__, "serve", "--engine", engine, "--model", model]
-        command += ["--port", str(self.port), "--database-url", db]
+        command += ["--port", str(self.port), "--database-url", db, "--journal", journal]
         self.process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def __enter__(self) -> Server:
@@ -129,6 +143,9 @@ class Server:
         tenant = httpx.post(f"{self.base}/admin/v1/tenants", json={"name": "bench"}, headers=admin).json()
         self.key = httpx.post(f"{self.base}/admin/v1/tenants/{tenant['id']}/keys", json={}, headers=admin).json()["key"]
         return self
+
+    def journal_syncs(self) -> int:
+        return httpx.get(f"{self.base}/bench/journal", timeout=10).json()["syncs"]
 
     def cpu_seconds(self) -> float:
         """User + system CPU time the server process has used so far."""
@@ -187,6 +204,19 @@ async def sequential(server: Server, n: int, path: str = "/v1/messages") -> list
         return timings
 
 
+async def post_retrying_reset(client: httpx.AsyncClient, body: dict[str, Any]) -> httpx.Response:
+    """POST, sent again once if the server had closed the kept-alive connection under it.
+
+    On a loaded machine the client can leave a connection idle past uvicorn's 5 s
+    keep-alive; the server closes it as the next request goes out (httpx.ReadError). The
+    retry's time counts in the request's latency.
+    """
+    try:
+        return await client.post("/v1/messages", json=body)
+    except (httpx.ReadError, httpx.RemoteProtocolError):
+        return await client.post("/v1/messages", json=body)
+
+
 async def throughput(server: Server, total: int, concurrency: int = 32) -> tuple[float, list[float]]:
     headers = {"x-api-key": server.key, "anthropic-version": "2023-06-01"}
     body = messages_body(server.model)
@@ -195,15 +225,15 @@ async def throughput(server: Server, total: int, concurrency: int = 32) -> tuple
     remaining = total
 
     async with httpx.AsyncClient(base_url=server.base, headers=headers, timeout=120, limits=limits) as client:
-        for _ in range(concurrency):  # warm up every connection
-            (await client.post("/v1/messages", json=body)).raise_for_status()
+        for response in await asyncio.gather(*(client.post("/v1/messages", json=body) for _ in range(concurrency))):
+            response.raise_for_status()  # warm up every connection
 
         async def worker() -> None:
             nonlocal remaining
             while remaining > 0:
                 remaining -= 1
                 started = time.perf_counter()
-                response = await client.post("/v1/messages", json=body)
+                response = await post_retrying_reset(client, body)
                 response.raise_for_status()
                 timings.append(time.perf_counter() - started)
 
@@ -264,8 +294,9 @@ def run(args: argparse.Namespace) -> list[str]:
         f"`.venv/bin/python bench/gateway.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on {machine}",
         f"(shared with other work: 1-minute load average {loads}).",
         "Gateway in one uvicorn process (uvloop, httptools) with a SQLite database, as `make run` sets it up:",
-        "key authentication (cached 2 s), rendering and tokenization, a usage-record INSERT per request (group",
-        "commit), the canonical log line; the bench key has no rate limits and billing is the no-op seam. The",
+        "key authentication (cached 2 s), rendering and tokenization, the in-flight journal's fdatasync and a",
+        "usage-record INSERT per request (both group commit), the canonical log line; the bench key has no rate",
+        "limits and billing is the no-op seam. The",
         f"httpx client runs in a second process on the same two cores. {n} sequential requests per row after",
         "5 warm-up requests; the prompt is a ~200-token system block with a 5m breakpoint plus a question,",
         "served from the cache. The added latency row is the difference of the two rows' percentiles.",
@@ -285,21 +316,112 @@ def run(args: argparse.Namespace) -> list[str]:
     ]
 
 
+JOURNAL_TITLE = "Gateway: the in-flight journal's cost"
+
+
+def journal_comparison(args: argparse.Namespace) -> list[str]:
+    """The instant-engine gateway with KVGATE_INFLIGHT_JOURNAL off and on, alternating, and the micro table."""
+    from bench import inflight
+
+    model = args.model or default_model()
+    load_before = load_average()
+    n, total, rounds = args.requests, args.throughput_requests, args.journal_rounds
+    latencies: dict[str, list[float]] = {"off": [], "on": []}
+    loaded: dict[str, list[float]] = {"off": [], "on": []}
+    rps: dict[str, list[float]] = {"off": [], "on": []}
+    cpu: dict[str, list[float]] = {"off": [], "on": []}
+    per_sync: dict[str, list[float]] = {"sequential": [], "concurrent": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(rounds):
+            for mode in ("off", "on"):  # alternating, so that a change in the machine's load hits both
+                with Server("instant", model, Path(tmp), journal=mode) as server:
+                    syncs = server.journal_syncs()
+                    latencies[mode] += asyncio.run(sequential(server, n))
+                    if mode == "on":
+                        per_sync["sequential"].append((n + 5) / max(1, server.journal_syncs() - syncs))
+                    syncs, cpu_before = server.journal_syncs(), server.cpu_seconds()
+                    rate, timings = asyncio.run(throughput(server, total))
+                    cpu[mode].append((server.cpu_seconds() - cpu_before) * 1000 / (total + 32))
+                    if mode == "on":
+                        per_sync["concurrent"].append((total + 32) / max(1, server.journal_syncs() - syncs))
+                    rps[mode].append(rate)
+                    loaded[mode] += timings
+        micro = inflight.table(Path(tmp))
+    per_round = {
+        mode: [summary(values[i * n : (i + 1) * n])["p50"] for i in range(rounds)] for mode, values in latencies.items()
+    }
+    seq = {mode: summary(values) for mode, values in latencies.items()}
+    conc = {mode: summary(values) for mode, values in loaded.items()}
+    rate = {mode: statistics.fmean(values) for mode, values in rps.items()}
+    cpu_ms = {mode: statistics.fmean(values) for mode, values in cpu.items()}
+
+    def row(label: str, off: float, on: float, unit: str = "") -> str:
+        return f"| {label} | {off:.2f}{unit} | {on:.2f}{unit} | {on - off:+.2f}{unit} |"
+
+    machine = f"{machine_description()}, Python {platform.python_version()}, no GPU"
+    return [
+        f"`.venv/bin/python bench/gateway.py --journal-only --write-docs`, measured {time.strftime('%Y-%m-%d')} on",
+        f"{machine}, shared with other work the whole time (1-minute load average {load_before} before,",
+        f"{load_average()} after), so the numbers are indicative only: the spread between rounds of the same",
+        "setting (first row) is the noise to compare the columns against. The gateway of the section above",
+        "with the instant engine (no billing, SQLite), once with `KVGATE_INFLIGHT_JOURNAL=false` and once",
+        f"with the journal on (the default), alternating {rounds} times; each round {n} sequential requests",
+        f"and {total} at concurrency 32, after warm-up. The journal's file is on the same virtual disk as the",
+        "database.",
+        "",
+        "| gateway, instant engine | journal off | journal on | difference |",
+        "|---|---:|---:|---:|",
+        "| sequential p50 ms, each round | "
+        + " | ".join(" / ".join(f"{v:.2f}" for v in per_round[mode]) for mode in ("off", "on"))
+        + " | |",
+        row("sequential p50 ms", seq["off"]["p50"], seq["on"]["p50"]),
+        row("sequential p99 ms", seq["off"]["p99"], seq["on"]["p99"]),
+        row("32 concurrent p50 ms", conc["off"]["p50"], conc["on"]["p50"]),
+        row("requests/s at concurrency 32", rate["off"], rate["on"]),
+        row("gateway CPU ms per request", cpu_ms["off"], cpu_ms["on"]),
+        "",
+        f"Begins per fdatasync with the journal on: {statistics.fmean(per_sync['sequential']):.2f} sequential,",
+        f"{statistics.fmean(per_sync['concurrent']):.1f} at concurrency 32 (group commit: admissions that arrive",
+        "while a sync is on its way share the next one).",
+        "",
+        "The write itself, and the alternative of a database row per admission (bench/inflight.py; 300 each,",
+        "one at a time unless said):",
+        "",
+        *micro,
+        "",
+        "The journal costs one fdatasync of an append per group of admissions, on its own thread; the end",
+        "entry is not synced. A database row costs a commit at admission and another at the end, on the",
+        "database every process shares, and is not there when the database is away, which is when a crash is",
+        'most likely to lose a request\'s usage; see docs/architecture.md, "Crashes".',
+    ]
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False
+    )
     sub = parser.add_subparsers(dest="command")
     server = sub.add_parser("serve", help=argparse.SUPPRESS)
     server.add_argument("--engine", choices=["engine", "instant"], required=True)
     server.add_argument("--model", required=True)
     server.add_argument("--port", type=int, required=True)
     server.add_argument("--database-url", required=True)
+    server.add_argument("--journal", choices=["on", "off"], default="on")
     parser.add_argument("--model", help="checkpoint directory (default: the tiny test model)")
     parser.add_argument("--requests", type=int, default=300, help="sequential requests per latency row")
     parser.add_argument("--throughput-requests", type=int, default=3000)
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--journal-only", action="store_true", help="only the in-flight journal's section")
+    parser.add_argument("--journal-rounds", type=int, default=2, help="off/on alternations in that section")
     args = parser.parse_args()
     if args.command == "serve":
         serve(args)
+        return
+    journal_lines = journal_comparison(args)
+    print("\n".join([f"## {JOURNAL_TITLE}", "", *journal_lines]))
+    if args.write_docs:
+        write_section("journal", JOURNAL_TITLE, journal_lines)
+    if args.journal_only:
         return
     lines = run(args)
     print("\n".join([f"## {TITLE}", "", *lines]))

@@ -8,11 +8,11 @@ member: when another process takes a core, the member on that core is deschedule
 a whole scheduler slice and every parallel region of the step waits for it. Which
 thread count and wait policy survive that is measured here, not guessed.
 
-Part 1: each configuration (thread count x OMP_WAIT_POLICY / GOMP_SPINCOUNT) runs in a
-fresh subprocess, because the OpenMP runtime reads its environment once, when torch
-loads it. The child decodes one greedy stream of the real SmolLM2-135M-Instruct
-alone, then with one `while 1: pass` process beside it, then alone again (the two
-alone runs bracket the other work on the machine).
+Part 1: each OpenMP wait policy (OMP_WAIT_POLICY, GOMP_SPINCOUNT) runs in a fresh
+subprocess, because the OpenMP runtime reads its environment once, when torch loads
+it; inside it, each thread count (all cores, all but one) decodes one greedy stream of
+the real SmolLM2-135M-Instruct alone, then with one `while 1: pass` process beside it,
+then alone again (the two alone runs bracket the other work on the machine).
 
 Part 2, `kvgate serve`-like: the real gateway app (uvicorn, SQLite, no billing) with
 the real engine in one process; a client process sends small HTTP requests
@@ -46,7 +46,7 @@ from bench.report import machine_description, write_section
 
 REPO = Path(__file__).resolve().parent.parent
 BUSY = "while 1: pass"
-MAX_DECODE_S = 5.0  # a measurement stops after this long, so a starved config cannot stall the run
+MAX_DECODE_S = 4.0  # a measurement stops after this long, so a starved config cannot stall the run
 PROMPT_TOKENS = 32
 # name -> the OpenMP environment of a child; the keys a child does not get are removed.
 POLICIES: dict[str, dict[str, str]] = {
@@ -89,22 +89,25 @@ def decode_rate(engine: Any, tokens: int, salt: str) -> float:
 
 
 def child_decode(args: argparse.Namespace) -> None:
+    """One policy (this process's OpenMP environment), each thread count: alone, busy, alone again."""
     import torch
 
     from inference.engine import Engine
     from inference.settings import EngineSettings
 
-    engine = Engine(EngineSettings(num_threads=args.threads, kv_cache_gib=0.1))
+    engine = Engine(EngineSettings(kv_cache_gib=0.1))
     decode_rate(engine, 8, "warm-up")
-    alone = decode_rate(engine, args.tokens, "alone-1")
-    neighbour = busy_neighbour()
-    try:
-        time.sleep(0.3)
-        busy = decode_rate(engine, args.tokens, "busy")
-    finally:
-        stop(neighbour)
-    alone_again = decode_rate(engine, args.tokens, "alone-2")
-    print(json.dumps({"threads": torch.get_num_threads(), "alone": max(alone, alone_again), "busy": busy}))
+    for threads in args.threads:
+        torch.set_num_threads(threads)  # the C attention kernel follows torch's count at each call
+        alone = decode_rate(engine, args.tokens, f"alone-{threads}")
+        neighbour = busy_neighbour()
+        try:
+            time.sleep(0.3)
+            busy = decode_rate(engine, args.tokens, f"busy-{threads}")
+        finally:
+            stop(neighbour)
+        again = decode_rate(engine, args.tokens, f"again-{threads}")
+        print(json.dumps({"threads": threads, "alone": max(alone, again), "busy": busy}), flush=True)
 
 
 def free_port() -> int:
@@ -156,7 +159,7 @@ async def serve_like(args: argparse.Namespace, database_url: str) -> dict[str, A
 
     port = free_port()
     settings = GatewaySettings(database_url=database_url, admin_token="bench-admin", port=port)
-    engine_settings = EngineSettings(num_threads=args.threads, kv_cache_gib=0.1)
+    engine_settings = EngineSettings(num_threads=args.threads[0], kv_cache_gib=0.1)
     app = create_app(settings, engine_factory=lambda: AsyncEngine(engine_settings), billing=NoBilling())
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     serving = asyncio.create_task(server.serve())
@@ -198,16 +201,17 @@ def child_serve(args: argparse.Namespace) -> None:
 # -- the parent ----------------------------------------------------------------------------------
 
 
-def run_child(mode: str, threads: int, policy: dict[str, str], tokens: int) -> dict[str, Any]:
+def run_child(mode: str, threads: list[int], policy: dict[str, str], tokens: int) -> list[dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k not in OMP_KEYS}
     env.update(policy)
     env["PYTHONPATH"] = str(REPO)
-    argv = [sys.executable, __file__, "--child", mode, "--threads", str(threads), "--tokens", str(tokens)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
+    counts = ",".join(map(str, threads))
+    argv = [sys.executable, __file__, "--child", mode, "--threads", counts, "--tokens", str(tokens)]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    lines = [json.loads(ln) for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"child {mode} {threads} {policy} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1])
+    return lines
 
 
 def load_average() -> str:
@@ -221,40 +225,45 @@ def choose(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return max(close, key=lambda r: r["alone"])
 
 
+def serve_score(row: dict[str, Any]) -> float:
+    """Idle, under HTTP load, and under HTTP load with a busy neighbour, weighed alike (geometric mean)."""
+    return float((row["idle"] * row["http"] * row["http_busy"]) ** (1 / 3))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-docs", action="store_true")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per decode measurement")
     parser.add_argument("--child", choices=["decode", "serve"], help=argparse.SUPPRESS)
-    parser.add_argument("--threads", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=lambda v: [int(x) for x in v.split(",")], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child == "decode":
         return child_decode(args)
     if args.child == "serve":
         return child_serve(args)
 
-    cores = os.cpu_count() or 1
+    cores = len(os.sched_getaffinity(0))
     counts = sorted({cores, max(1, cores - 1)}, reverse=True)
     began, load_before = time.monotonic(), load_average()
     rows = []
-    for threads in counts:
-        # One thread has no team to wait for: only the default and the passive policy are worth a run.
-        names = list(POLICIES) if threads > 1 else ["libgomp default", "OMP_WAIT_POLICY=PASSIVE"]
-        for name in names:
-            result = run_child("decode", threads, POLICIES[name], args.tokens)
+    for name, policy in POLICIES.items():
+        for result in run_child("decode", counts, policy, args.tokens):
             rows.append({"policy": name, **result})
-            print(f"decode {threads} threads, {name}: {result['alone']:.1f} alone, {result['busy']:.1f} busy")
+            print(f"decode {result['threads']} threads, {name}: {result['alone']:.1f} alone, {result['busy']:.1f} busy")
     baseline = max(r["alone"] for r in rows if r["threads"] == cores and r["policy"] == "libgomp default")
     pick = choose(rows)
     serve_configs = [(cores, "libgomp default"), (cores, pick["policy"]), (max(1, cores - 1), pick["policy"])]
     serve_rows = []
     for threads, name in dict.fromkeys(serve_configs):
-        result = run_child("serve", threads, POLICIES[name], args.tokens)
+        result = run_child("serve", [threads], POLICIES[name], args.tokens)[-1]
         serve_rows.append({"policy": name, **result})
         print(f"serve {threads} threads, {name}: {result}")
 
     import torch
 
+    from inference.cpu_threads import OPENMP_DEFAULTS, SPARE_CORES
+
+    best_serve = max((r for r in serve_rows if r["policy"] == pick["policy"]), key=serve_score)
     lines = [
         f"`.venv/bin/python bench/neighbour.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on "
         f"{machine_description()}; Python {platform.python_version()}, torch {torch.__version__} (libgomp); "
@@ -264,18 +273,19 @@ def main() -> None:
         f"### Single-stream decode, alone and next to one busy process (`python3 -c '{BUSY}'`)",
         "",
         "Greedy decode of one stream after a 32-token prompt, up to "
-        f"{args.tokens} tokens or {MAX_DECODE_S:.0f} s per measurement; each row is a fresh process. "
-        "Alone: the better of a run before and a run after the busy one. Slowdown: the best alone rate of "
-        "today's default (all cores, libgomp default) over the rate next to the neighbour; a fair share is 2x.",
+        f"{args.tokens} tokens or {MAX_DECODE_S:.0f} s per measurement; each policy is a fresh process. "
+        "Alone: the better of a run before and a run after the busy one. Cost: the configuration's own "
+        "alone rate over its rate next to the neighbour; vs today: the alone rate of the old default "
+        f"({cores} threads, libgomp default) over it. A fair share is 2x.",
         "",
-        "| threads | OpenMP policy | alone tok/s | with a busy neighbour tok/s | slowdown |",
-        "|---:|---|---:|---:|---:|",
+        "| threads | OpenMP policy | alone tok/s | with a busy neighbour tok/s | cost | vs today |",
+        "|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
-        mark = " **(chosen)**" if r is pick else ""
+        mark = " **(best next to a neighbour)**" if r is pick else ""
         lines.append(
             f"| {r['threads']} | {r['policy']}{mark} | {r['alone']:.1f} | {r['busy']:.1f} "
-            f"| {baseline / r['busy']:.2f}x |"
+            f"| {r['alone'] / r['busy']:.2f}x | {baseline / r['busy']:.2f}x |"
         )
     lines += [
         "",
@@ -283,17 +293,25 @@ def main() -> None:
         "",
         "The real gateway app and engine in one process (uvicorn, SQLite); a client process sends "
         "GET /healthz over one keep-alive connection in a loop while the process decodes one stream "
-        "through the engine's async API. Last column: the same with one busy process added.",
+        "through the engine's async API. Last column: the same with one busy process added. Score: the "
+        "geometric mean of the three decode rates.",
         "",
         "| engine threads | OpenMP policy | decode idle tok/s | decode, HTTP loop tok/s | HTTP req/s "
-        "| decode, HTTP loop + busy neighbour tok/s |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| decode, HTTP loop + busy neighbour tok/s | score |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
     for r in serve_rows:
         lines.append(
             f"| {r['threads']} | {r['policy']} | {r['idle']:.1f} | {r['http']:.1f} | {r['rps']:.0f} "
-            f"| {r['http_busy']:.1f} |"
+            f"| {r['http_busy']:.1f} | {serve_score(r):.2f} |"
         )
+    shipped = ", ".join(f"{k}={v}" for k, v in OPENMP_DEFAULTS.items())
+    lines += [
+        "",
+        f"This run's choice: {pick['policy']}, engine at {best_serve['threads']} of {cores} cores. "
+        f"What kvgate ships (inference/cpu_threads.py): {shipped}, engine at "
+        f"{'all cores' if SPARE_CORES == 0 else f'all cores but {SPARE_CORES}'}.",
+    ]
     print("\n".join(lines))
     if args.write_docs:
         write_section("neighbour", "Noisy neighbours (bench/neighbour.py)", lines)

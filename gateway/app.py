@@ -24,13 +24,14 @@ from gateway.auth_cache import PrincipalCache
 from gateway.backends.base import EngineClient
 from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import BillingHooks, NoBilling
-from gateway.cpu_pool import CpuPool
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
 from gateway.prompt_bounds import derive_bounds
 from gateway.ratelimit import MemoryRateLimiter, RateLimiter, RedisRateLimiter
 from gateway.recovery import recover_interrupted
+from gateway.request_workers import RequestWorkers, WorkerSetup
+from gateway.services.completions import PrepareContext
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
 from gateway.shutdown import cleanup_budget_s, shut_down
@@ -89,6 +90,7 @@ def create_app(
     public_routers: Sequence[APIRouter] = (),
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,
+    prewarm_workers: bool = False,
 ) -> FastAPI:
     """The gateway app. The engine is built and started by the lifespan, in the serving loop.
 
@@ -96,6 +98,7 @@ def create_app(
     settings=)` builds one in the lifespan; with neither, nothing is billed (NoBilling).
     `admin_routers` are mounted under /admin/v1 behind the admin token, `public_routers` as they are.
     The database must already be migrated (`kvgate serve` does it first).
+    prewarm_workers starts the request worker processes at start-up rather than on the first large body.
     """
     settings = settings or GatewaySettings()
 
@@ -133,15 +136,25 @@ def create_app(
         if bounds.why_not:
             log.info("prompt_bounds_limited", reason=bounds.why_not)
         rate_limiter = limiter or (RedisRateLimiter(settings.redis_url) if settings.redis_url else MemoryRateLimiter())
+        renderer = PromptRenderer(
+            apply_chat_template=engine.apply_chat_template,
+            tokenizer=engine.tokenizer,
+            bounds=bounds,
+            max_prompt_tokens=engine.max_model_len - 1,
+        )
+        prep = PrepareContext(engine.model_id, engine.max_model_len, settings.min_cacheable_tokens, renderer)
+        workers = RequestWorkers(
+            processes=settings.request_workers,
+            setup=WorkerSetup(
+                engine.tokenizer, engine.model_id, engine.max_model_len, settings.min_cacheable_tokens, bounds
+            ),
+        )
+        if prewarm_workers:
+            workers.prewarm()
         gw = Gateway(
             settings=settings,
             engine=engine,
-            renderer=PromptRenderer(
-                apply_chat_template=engine.apply_chat_template,
-                tokenizer=engine.tokenizer,
-                bounds=bounds,
-                max_prompt_tokens=engine.max_model_len - 1,
-            ),
+            renderer=renderer,
             sessions=sessions,
             limiter=rate_limiter,
             recorder=usage_recorder,
@@ -150,8 +163,9 @@ def create_app(
             admin=admin,
             auth_cache=PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s),
             metrics=GatewayMetrics(engine),
-            cpu=CpuPool(settings.request_threads),
             db_health=health_of(db),
+            prep=prep,
+            workers=workers,
         )
         journal_dir = settings.inflight_journal_dir or default_journal_dir(settings.database_url)
         await recover_after_crash(
@@ -187,7 +201,7 @@ def create_app(
             try:
                 await shut_down(gw, budget_s=cleanup_budget_s(settings.shutdown_grace_s), closers=closers)
             finally:
-                gw.cpu.close()
+                gw.workers.close()
                 gw.db_health.clear_recovery_hooks()
 
     app = FastAPI(

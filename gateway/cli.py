@@ -174,7 +174,7 @@ def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory) -> int:
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
     uvicorn.run(
-        app_factory(settings),
+        app_factory(settings, prewarm_workers=True),
         host=settings.host,
         port=settings.port,
         log_config=None,

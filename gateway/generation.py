@@ -110,9 +110,9 @@ class Finished:
     cost_usd: Decimal | None
 
 
-def output_budget(gw: Gateway, *, prompt_tokens: int, requested: int | None) -> int:
+def output_budget(max_model_len: int, *, prompt_tokens: int, requested: int | None) -> int:
     """max_tokens clipped to the context left after the prompt; 400 if there is none."""
-    limit = gw.engine.max_model_len
+    limit = max_model_len
     room = limit - prompt_tokens
     if room <= 0:
         raise PromptTooLongError(f"prompt is too long: {prompt_tokens} tokens > {limit - 1} maximum")
@@ -303,8 +303,7 @@ async def journal_begin(gw: Gateway, *, ctx: RequestContext, admission: Admissio
     except BaseException as exc:
         # Cancelled while the write was on its way, it may still land: close it again.
         journal_end(gw, admission.request_id)
-        if isinstance(exc, JournalError):
-            log.error("inflight_journal_failed", request_id=admission.request_id, error=str(exc))
+        if isinstance(exc, JournalError):  # the journal logs the failure once, not per request
             raise OverloadedError(
                 "the server cannot record requests durably right now", retry_after_s=OVERLOADED_RETRY_S
             ) from exc

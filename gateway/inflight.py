@@ -337,6 +337,7 @@ class InflightJournal:
         self._open: dict[str, bytes] = {}
         self.syncs = 0
         self.rotations = 0
+        self._failing = False  # logged once when writes start failing, once when they work again
 
     @classmethod
     def open(cls, directory: Path, *, rotate_bytes: int = DEFAULT_ROTATE_BYTES) -> InflightJournal:
@@ -381,6 +382,7 @@ class InflightJournal:
                 await loop.run_in_executor(self._executor, self._append, data, sync)
             except Exception as exc:
                 error = exc
+            self._log_state(error)
             for write in batch:
                 if not write.begin:
                     self._open.pop(write.request_id, None)
@@ -397,6 +399,13 @@ class InflightJournal:
                     await loop.run_in_executor(self._executor, self._rotate, list(self._open.values()))
                 except Exception as exc:  # keep appending to the old segment; the next batch tries again
                     log.warning("inflight_journal_rotation_failed", error=str(exc))
+
+    def _log_state(self, error: BaseException | None) -> None:
+        if error is not None and not self._failing:
+            log.error("inflight_journal_failing", path=str(self.path), error=str(error))
+        elif error is None and self._failing:
+            log.warning("inflight_journal_recovered", path=str(self.path))
+        self._failing = error is not None
 
     def _append(self, data: bytes, sync: bool) -> None:
         segment = self._segment

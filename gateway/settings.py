@@ -37,11 +37,11 @@ class GatewaySettings(KvgateSettings):
         "working from the last-known-good cache (unknown keys get 503/529 with retry-after); 0 disables.",
     )
     max_request_bytes: int = Field(32 * 1024 * 1024, gt=0, description="Larger bodies get 413.")
-    request_threads: int | None = Field(
+    request_workers: int | None = Field(
         None,
         gt=0,
-        description="Threads that parse, render and tokenize large requests off the event loop; "
-        "defaults to half the cores (at least 1).",
+        description="Worker processes that parse, render and tokenize large request bodies off the event loop; "
+        "defaults to half the cores, 1 to 4.",
     )
     header_timeout_s: float = Field(
         10.0, gt=0, description="A connection must send a request's complete headers within this many seconds."

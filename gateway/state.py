@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth_cache import PrincipalCache
 from gateway.backends.base import EngineClient
 from gateway.billing_hooks import BillingHooks
-from gateway.cpu_pool import CpuPool
 from gateway.inflight import InflightJournal
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -22,6 +21,10 @@ from gateway.services.server_state import AdminTokenVerifier
 from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
 from kvgate.db_health import DatabaseHealth
+
+if TYPE_CHECKING:
+    from gateway.request_workers import RequestWorkers
+    from gateway.services.completions import PrepareContext
 
 
 @dataclass
@@ -37,7 +40,8 @@ class Gateway:
     admin: AdminTokenVerifier
     auth_cache: PrincipalCache
     metrics: GatewayMetrics
-    cpu: CpuPool
+    prep: PrepareContext
+    workers: RequestWorkers
     db_health: DatabaseHealth = field(default_factory=DatabaseHealth)
     # Admitted requests not yet recorded, on disk (None when KVGATE_INFLIGHT_JOURNAL is off).
     journal: InflightJournal | None = None

@@ -13,6 +13,7 @@ import torch
 from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
+from inference.cpu_threads import default_num_threads
 from inference.detokenizer import IncrementalDetokenizer
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
@@ -67,8 +68,9 @@ class Engine:
     def __init__(
         self, settings: EngineSettings, *, clock: Clock | None = None, loaded: LoadedModel | None = None
     ) -> None:
-        if settings.num_threads:
-            torch.set_num_threads(settings.num_threads)
+        threads = settings.num_threads or default_num_threads()
+        if threads:
+            torch.set_num_threads(threads)
         self.settings = settings
         self.clock = clock or SystemClock()
         self.loaded = loaded or load_model(settings)

@@ -24,7 +24,11 @@ class EngineSettings(BaseSettings):
     )
     device: str = Field("auto", description="auto, cpu or cuda[:N].")
     cache_dir: Path = Field(Path.home() / ".cache" / "kvgate", description="Where converted models are kept.")
-    num_threads: int | None = Field(None, description="torch intra-op threads; defaults to all cores.")
+    num_threads: int | None = Field(
+        None,
+        description="torch intra-op threads; defaults to all cores (or OMP_NUM_THREADS). kvgate also sets "
+        "OMP_WAIT_POLICY=PASSIVE unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set: see docs/benchmarks.md.",
+    )
 
     attention_backend: Literal["auto", "cpu_kernel", "torch"] = Field(
         "auto", description="auto: our batch-invariant C kernel on CPU when it builds, else torch SDPA."

@@ -38,6 +38,7 @@ def create_app(
     billing: BillingHooks | None = None,
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,
+    prewarm_workers: bool = False,
 ) -> FastAPI:
     """The kvgate server: the gateway, billed by billing's hooks (or `billing`, for tests and
     benchmarks), with billing's admin routes under /admin/v1 and its public routes (webhooks)."""
@@ -50,4 +51,5 @@ def create_app(
         public_routers=(billing_api.public_router,),
         recorder=recorder,
         limiter=limiter,
+        prewarm_workers=prewarm_workers,
     )

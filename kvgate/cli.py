@@ -32,6 +32,10 @@ FILE_MODE_MASK = 0o077
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before anything imports torch: its OpenMP runtime reads these once, when it loads.
+    from inference.cpu_threads import set_openmp_defaults
+
+    set_openmp_defaults()
     args = build_parser().parse_args(argv)
     handler: Callable[[argparse.Namespace], int | None] = args.handler
     previous = os.umask(FILE_MODE_MASK)

@@ -29,6 +29,17 @@ class KvgateError(Exception):
         self.param = param
         self.headers = dict(headers or {})
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Raised in worker processes too (gateway.request_workers): rebuilt with every attribute.
+        return (_restore, (type(self), self.__dict__.copy()))
+
+
+def _restore(cls: type[KvgateError], state: dict[str, object]) -> KvgateError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, state.get("message"))
+    error.__dict__.update(state)
+    return error
+
 
 class InvalidRequestError(KvgateError):
     status = 400

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from inference.cpu_threads import set_openmp_defaults
 
-import pytest
+# Before torch loads: the engines under test wait at OpenMP barriers as kvgate's do, so a
+# busy neighbour on a small machine (other tests, other work) slows them down fairly.
+set_openmp_defaults()
 
-from tests.model_fixtures import build_tiny_model
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from tests.model_fixtures import build_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

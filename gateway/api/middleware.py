@@ -199,7 +199,10 @@ class RequestContextMiddleware:
                     raise _BadText(bad_text)
             except _BodyTooLarge:
                 if not started:
-                    await fail(RequestTooLargeError(f"request body exceeds {limit} bytes"))
+                    # Closing spares reading the rest; clients still get the answer (see gateway.api.body).
+                    await fail(
+                        RequestTooLargeError(f"request body exceeds {limit} bytes", headers={"connection": "close"})
+                    )
             except _NulByte:
                 if not started:
                     await fail(InvalidRequestError("NUL characters are not allowed here"))

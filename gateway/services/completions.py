@@ -1,18 +1,56 @@
-"""From an API request to what the engine needs: model check, rendering, sampling, cache regions."""
+"""From an API request body to what the engine needs: parsing, model check, rendering, sampling, cache regions.
+
+The jobs (message_job, chat_job, count_tokens_job) take the raw body and a
+PrepareContext and return small, picklable results, so that a large body can be
+handled in a worker process (gateway.request_workers) exactly as a small one is
+on the event loop. Nothing in them touches the database or billing: the one
+billing check (a 24h prompt_cache_retention) runs on the loop afterwards.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 from gateway.cache_regions import automatic_region, breakpoint_regions
 from gateway.generation import Prepared, output_budget
+from gateway.prompt import PromptRenderer
 from gateway.protocols import anthropic, openai
-from gateway.state import Gateway
+from gateway.request_body import decode_body
 from inference.types import SamplingParams
 from kvgate.errors import InvalidRequestError, ModelNotFoundError
 from kvgate.usage import STANDARD_TTLS_S
 
+if TYPE_CHECKING:
+    from gateway.state import Gateway
+
 # Below this a temperature is greedy and a top_p keeps only the top token (vLLM's
 # epsilon); passing smaller values through would divide logits into inf/nan.
 SAMPLING_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    """What preparing a request needs: the served model, its context, the renderer, the caching minimum."""
+
+    model_id: str
+    max_model_len: int
+    min_cacheable_tokens: int
+    renderer: PromptRenderer
+
+
+@dataclass(frozen=True)
+class PreparedMessage:
+    prepared: Prepared
+    stream: bool
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    prepared: Prepared
+    stream: bool
+    include_usage: bool
+    retention: str | None  # prompt_cache_retention as sent; see check_retention
 
 
 def sampling_params(
@@ -35,46 +73,75 @@ def sampling_params(
     )
 
 
-def check_model(gw: Gateway, *, model: str) -> str:
-    if model != gw.engine.model_id:
+def check_model(ctx: PrepareContext, *, model: str) -> str:
+    if model != ctx.model_id:
         raise ModelNotFoundError(f"model: {model}", param="model")
     return model
 
 
-def count_message_tokens(gw: Gateway, *, request: anthropic.CountTokensRequest) -> int:
-    check_model(gw, model=request.model)
-    return len(gw.renderer.render(anthropic.to_chat(request)).token_ids)
+def count_message_tokens(ctx: PrepareContext, *, request: anthropic.CountTokensRequest) -> int:
+    check_model(ctx, model=request.model)
+    return len(ctx.renderer.render(anthropic.to_chat(request)).token_ids)
 
 
-def prepare_message(gw: Gateway, *, request: anthropic.MessagesRequest) -> Prepared:
-    model = check_model(gw, model=request.model)
-    prompt = gw.renderer.render(anthropic.to_chat(request))
+def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) -> Prepared:
+    model = check_model(ctx, model=request.model)
+    prompt = ctx.renderer.render(anthropic.to_chat(request))
     sampling = sampling_params(
-        max_tokens=output_budget(gw, prompt_tokens=len(prompt.token_ids), requested=request.max_tokens),
+        max_tokens=output_budget(ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.max_tokens),
         temperature=request.temperature,
         top_p=request.top_p,
         top_k=request.top_k,
         stop=tuple(request.stop_sequences or ()),
     )
-    regions = breakpoint_regions(prompt.breakpoints, min_tokens=gw.settings.min_cacheable_tokens)
+    regions = breakpoint_regions(prompt.breakpoints, min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt)
 
 
-def prepare_chat_completion(gw: Gateway, *, request: openai.ChatCompletionRequest) -> Prepared:
-    model = check_model(gw, model=request.model)
+def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompletionRequest) -> Prepared:
+    model = check_model(ctx, model=request.model)
     ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
-    if ttl_s not in STANDARD_TTLS_S and not gw.billing.allows_ttl(model=model, ttl_s=ttl_s):
-        raise InvalidRequestError(
-            f"prompt_cache_retention: {request.prompt_cache_retention!r} is not enabled on this server",
-            param="prompt_cache_retention",
-        )
-    prompt = gw.renderer.render(openai.to_chat(request))
+    prompt = ctx.renderer.render(openai.to_chat(request))
     sampling = sampling_params(
-        max_tokens=output_budget(gw, prompt_tokens=len(prompt.token_ids), requested=request.requested_max_tokens),
+        max_tokens=output_budget(
+            ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.requested_max_tokens
+        ),
         temperature=request.temperature,
         top_p=request.top_p,
         seed=request.seed,
         stop=request.stop_sequences,
     )
-    regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=gw.settings.min_cacheable_tokens)
+    regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt)
+
+
+def check_retention(gw: Gateway, *, model: str, retention: str | None) -> None:
+    """A prompt_cache_retention past 1h needs billing to price its TTL class."""
+    ttl_s = openai.RETENTION_TTL_S[retention or "in_memory"]
+    if ttl_s not in STANDARD_TTLS_S and not gw.billing.allows_ttl(model=model, ttl_s=ttl_s):
+        raise InvalidRequestError(
+            f"prompt_cache_retention: {retention!r} is not enabled on this server", param="prompt_cache_retention"
+        )
+
+
+# -- jobs: raw body in, small picklable result out ---------------------------------------------------
+
+
+def message_job(ctx: PrepareContext, raw: bytes, content_type: str | None) -> PreparedMessage:
+    request = decode_body(raw, content_type=content_type, model=anthropic.MessagesRequest)
+    return PreparedMessage(prepare_message(ctx, request=request), stream=request.stream)
+
+
+def count_tokens_job(ctx: PrepareContext, raw: bytes, content_type: str | None) -> int:
+    request = decode_body(raw, content_type=content_type, model=anthropic.CountTokensRequest)
+    return count_message_tokens(ctx, request=request)
+
+
+def chat_job(ctx: PrepareContext, raw: bytes, content_type: str | None) -> PreparedChat:
+    request = decode_body(raw, content_type=content_type, model=openai.ChatCompletionRequest)
+    return PreparedChat(
+        prepare_chat_completion(ctx, request=request),
+        stream=bool(request.stream),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        retention=request.prompt_cache_retention,
+    )

@@ -30,7 +30,7 @@ def body(server: GatewayServer, text: str, **extra: Any) -> dict[str, Any]:
 
 
 def test_the_bounds_are_derived_from_the_tokenizer_and_the_context(gateway: GatewayServer) -> None:
-    bounds = gateway.gateway.renderer.bounds
+    bounds = gateway.gateway.prep.renderer.bounds
     assert gateway.gateway.engine.max_model_len == CONTEXT
     assert bounds.chars_per_token == LONGEST_TOKEN_CHARS and bounds.max_chars == MAX_CHARS
     assert bounds.max_body_bytes == MAX_BODY_BYTES

@@ -10,6 +10,7 @@ while the requests that completed before the kill keep their own records and cos
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -248,8 +249,51 @@ def test_sigkill_mid_generation_leaves_one_interrupted_record_per_request(
         assert after["reservations"] == []
         spent = sum(int(entry.cost_pico) for entry in after["entries"])
         assert after["counters"]["tenant_month"] == (spent, 0)
+        # Operators see them counted, by status.
+        metrics = restarted.admin.get("/metrics").text
+        counted = re.search(r'kvgate:gateway_usage_records_total\{model="[^"]+",status="interrupted"\} (\S+)', metrics)
+        assert counted is not None and float(counted.group(1)) == len(in_flight)
         # The journal was compacted, and the restarted server serves.
         assert [p.name for p in (tmp_path / "inflight").glob("seg-*.jnl") if p.stat().st_size] == []
         assert complete(restarted, "messages", key, model)[1] == prompt["messages"]
     finally:
         assert restarted.stop() == 0, restarted.log()
+
+
+def test_a_journal_that_cannot_write_refuses_requests_in_the_api_shape(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full or failing disk under the journal: 529/503 in each API's shape, the admission undone; then it recovers."""
+    import anthropic
+    import openai
+
+    from gateway import inflight
+
+    key = gateway.new_key()
+    journal = gateway.gateway.journal
+    assert journal is not None and journal.path.exists()
+    claude, gpt = gateway.anthropic(key), gateway.openai(key)
+    ok = claude.messages.create(model=gateway.model, max_tokens=2, messages=MESSAGES)
+    assert ok.usage.output_tokens >= 1 and journal.open_requests == 0  # begun and ended
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    released_before = len(gateway.billing.released)
+    monkeypatch.setattr(inflight.os, "fdatasync", disk_full)
+    with pytest.raises(anthropic.APIStatusError) as refused:
+        claude.messages.create(model=gateway.model, max_tokens=2, messages=MESSAGES)
+    assert refused.value.status_code == 529 and refused.value.body["error"]["type"] == "overloaded_error"
+    assert "durably" in refused.value.body["error"]["message"]
+    assert refused.value.response.headers["retry-after"]
+    with pytest.raises(openai.APIStatusError) as refused_openai:
+        gpt.chat.completions.create(model=gateway.model, max_tokens=2, messages=MESSAGES)
+    assert refused_openai.value.status_code == 503
+    assert len(gateway.billing.released) == released_before + 2  # each admission was undone
+    request_id = refused.value.response.headers["request-id"]
+    with gateway.db.connect() as conn:
+        stored = conn.execute(sa.text("SELECT 1 FROM usage_records WHERE request_id = :r"), {"r": request_id})
+        assert stored.first() is None  # it never ran
+    monkeypatch.undo()
+    again = claude.messages.create(model=gateway.model, max_tokens=2, messages=MESSAGES)
+    assert again.usage.output_tokens >= 1

@@ -124,3 +124,21 @@ async def test_headers_name_limits_remaining_and_reset(limiter_and_time) -> None
 async def test_no_limits_means_no_buckets() -> None:
     assert not Limits().enabled
     assert Limits(requests_per_minute=1).enabled
+
+
+async def test_reserve_takes_what_is_left_and_never_refuses(limiter_and_time) -> None:
+    limiter, _ = limiter_and_time
+    limits = Limits(requests_per_minute=10, input_tokens_per_minute=1000)
+    admitted = await limiter.acquire(key_id="k", limits=limits, input_tokens=0)  # the request unit, up front
+    assert admitted.allowed and admitted.reserved_input_tokens == 0
+    assert admitted.requests is not None and admitted.requests.remaining == 9
+    first = await limiter.reserve(key_id="k", limits=limits, input_tokens=700)
+    assert first.allowed and first.reserved_input_tokens == 700
+    assert first.input_tokens is not None and first.input_tokens.remaining == 300
+    assert first.requests is not None and first.requests.remaining == 9  # reserving takes no request unit
+    second = await limiter.reserve(key_id="k", limits=limits, input_tokens=700)
+    assert second.allowed and second.reserved_input_tokens == 300  # what was left
+    empty = await limiter.reserve(key_id="k", limits=limits, input_tokens=5)
+    assert empty.allowed and empty.reserved_input_tokens == 0
+    # An empty input-token bucket refuses the next request at admission, before its body is read.
+    assert not (await limiter.acquire(key_id="k", limits=limits, input_tokens=0)).allowed

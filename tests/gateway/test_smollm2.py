@@ -21,7 +21,9 @@ SYSTEM = (
 def smol_gateway(smollm2_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayServer]:
     url = f"sqlite:///{tmp_path_factory.mktemp('smol') / 'kvgate.db'}"
     server = GatewayServer(
-        model_dir=smollm2_dir, database_url=url, engine_overrides={"kv_cache_gib": 0.25, "num_threads": 2}
+        model_dir=smollm2_dir,
+        database_url=url,
+        engine_overrides={"kv_cache_gib": 0.25, "num_threads": None},  # the shipped default
     ).start()
     try:
         yield server

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.body import parse_and_prepare
+from gateway.api.body import prepare_body
 from gateway.api.deps import ContextDep, GatewayDep
 from gateway.api.disconnect import CLIENT_CLOSED_REQUEST, ClientGone, unless_disconnected
 from gateway.api.responses import json_response
@@ -15,7 +15,7 @@ from gateway.api.schema import json_body
 from gateway.generation import admit_rate, start_generation
 from gateway.protocols.openai import ChatCompletion, ChatCompletionRequest
 from gateway.protocols.openai_stream import chunk_events, completion_of
-from gateway.services.completions import prepare_chat_completion
+from gateway.services.completions import chat_job, check_retention
 from gateway.sse import EventStreamResponse
 
 router = APIRouter(prefix="/v1/chat", tags=["openai"])
@@ -24,18 +24,13 @@ router = APIRouter(prefix="/v1/chat", tags=["openai"])
 @router.post("/completions", response_model=ChatCompletion, openapi_extra=json_body(ChatCompletionRequest))
 async def create_chat_completion(request: Request, gw: GatewayDep, ctx: ContextDep) -> Response:
     rate = await admit_rate(gw, ctx=ctx)
-    body, prepared = await parse_and_prepare(
-        gw,
-        ctx=ctx,
-        request=request,
-        model=ChatCompletionRequest,
-        prepare=lambda b: prepare_chat_completion(gw, request=b),
-    )
+    job = await prepare_body(gw, ctx=ctx, request=request, job=chat_job)
+    prepared = job.prepared
+    check_retention(gw, model=prepared.model, retention=job.retention)
     created = int(time.time())
     gen = await start_generation(gw, ctx=ctx, endpoint="chat.completions", prepared=prepared, rate=rate)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        events = chunk_events(gen, request_id=ctx.request_id, model=prepared.model, include_usage=include_usage)
+    if job.stream:
+        events = chunk_events(gen, request_id=ctx.request_id, model=prepared.model, include_usage=job.include_usage)
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
     try:
         finished, headers = await unless_disconnected(gen.complete_or_raise(), request.receive)

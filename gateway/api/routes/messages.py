@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway.api.body import parse_and_prepare
+from gateway.api.body import prepare_body
 from gateway.api.deps import ContextDep, GatewayDep
 from gateway.api.disconnect import CLIENT_CLOSED_REQUEST, ClientGone, unless_disconnected
 from gateway.api.responses import json_response
@@ -13,7 +13,7 @@ from gateway.api.schema import json_body
 from gateway.generation import admit_rate, start_generation
 from gateway.protocols.anthropic import CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest
 from gateway.protocols.anthropic_stream import message_events, message_of
-from gateway.services.completions import count_message_tokens, prepare_message
+from gateway.services.completions import count_tokens_job, message_job
 from gateway.sse import EventStreamResponse
 
 router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
@@ -22,11 +22,10 @@ router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
 @router.post("", response_model=MessageResponse, openapi_extra=json_body(MessagesRequest))
 async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> Response:
     rate = await admit_rate(gw, ctx=ctx)
-    body, prepared = await parse_and_prepare(
-        gw, ctx=ctx, request=request, model=MessagesRequest, prepare=lambda b: prepare_message(gw, request=b)
-    )
+    job = await prepare_body(gw, ctx=ctx, request=request, job=message_job)
+    prepared = job.prepared
     gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared, rate=rate)
-    if body.stream:
+    if job.stream:
         events = message_events(gen, request_id=ctx.request_id, model=prepared.model)
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
     try:
@@ -39,7 +38,5 @@ async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> R
 @router.post("/count_tokens", response_model=CountTokensResponse, openapi_extra=json_body(CountTokensRequest))
 async def count_tokens(request: Request, gw: GatewayDep, ctx: ContextDep) -> Response:
     rate = await admit_rate(gw, ctx=ctx, counts_input_tokens=False)
-    _, tokens = await parse_and_prepare(
-        gw, ctx=ctx, request=request, model=CountTokensRequest, prepare=lambda b: count_message_tokens(gw, request=b)
-    )
+    tokens = await prepare_body(gw, ctx=ctx, request=request, job=count_tokens_job)
     return json_response(CountTokensResponse(input_tokens=tokens), headers=rate.headers)

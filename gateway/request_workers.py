@@ -1,0 +1,154 @@
+"""Worker processes that turn large request bodies into engine input: parse, validate, render, tokenize.
+
+The event loop serves every tenant, so nothing that takes more than a few
+milliseconds may run on it, and a thread does not help: json, pydantic and Jinja
+hold the GIL while they work, so the loop waits for them all the same. (Measured:
+a 5 MB body of 185,000 one-character text blocks held the GIL for about 4 s in
+json.loads and pydantic's validation, each one uninterruptible call.) A large body
+is therefore handed to a worker process as bytes, and only the small result comes
+back: the prompt's token ids and sampling parameters, or an error.
+
+Concurrency is bounded twice: `processes` workers in all, and one job per tenant
+at a time, so a tenant sending a stream of huge requests waits behind itself,
+not in front of everyone else. Workers run at a lower CPU priority (WORKER_NICE)
+than the event loop and the engine.
+
+Workers come from a fork server that has already imported transformers, so a
+worker starts in well under a second; the fork server itself starts on first use,
+or in the background at start-up (prewarm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing
+import os
+import pickle
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import structlog
+
+from gateway.prompt import PromptRenderer
+from gateway.prompt_bounds import PromptBounds
+from gateway.services.completions import PrepareContext
+from kvgate.errors import ApiError, InvalidRequestError
+
+log = structlog.get_logger("kvgate.gateway")
+
+R = TypeVar("R")
+WORKER_NICE = 5
+MAX_DEFAULT_PROCESSES = 4
+PRELOAD = ["transformers", "gateway.services.completions", "gateway.request_workers"]
+
+
+def default_processes() -> int:
+    """Half the cores this process may use (the rest is the engine's and the loop's), 1 to 4."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_DEFAULT_PROCESSES, cores // 2))
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """Everything a worker needs to build its own PrepareContext (the tokenizer travels pickled)."""
+
+    tokenizer: Any
+    model_id: str
+    max_model_len: int
+    min_cacheable_tokens: int
+    bounds: PromptBounds
+
+
+class RequestWorkers:
+    def __init__(self, *, processes: int | None, setup: WorkerSetup) -> None:
+        self.processes = processes or default_processes()
+        self._setup = pickle.dumps(setup)
+        self._executor: ProcessPoolExecutor | None = None
+        self._tenant_locks: dict[str, asyncio.Lock] = {}
+        self._tenant_jobs: dict[str, int] = {}
+
+    def _pool(self) -> ProcessPoolExecutor:
+        if self._executor is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(PRELOAD)
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.processes, mp_context=context, initializer=_start_worker, initargs=(self._setup,)
+            )
+        return self._executor
+
+    def prewarm(self) -> None:
+        """Start the fork server and a worker now, in the background, rather than on the first large body."""
+        self._pool().submit(_ready)
+
+    async def run(self, tenant_id: str, job: Callable[[PrepareContext, bytes, str | None], R], *args: Any) -> R:
+        """`job(context, *args)` in a worker, after this tenant's earlier jobs; its KvgateErrors propagate."""
+        lock = self._tenant_locks.setdefault(tenant_id, asyncio.Lock())
+        self._tenant_jobs[tenant_id] = self._tenant_jobs.get(tenant_id, 0) + 1
+        try:
+            async with lock:
+                pool = self._pool()
+                try:
+                    return await asyncio.get_running_loop().run_in_executor(pool, partial(_run_job, job, *args))
+                except BrokenProcessPool as exc:
+                    # A worker died (killed for memory, say): the next job gets a fresh pool.
+                    if self._executor is pool:
+                        self._executor = None
+                        pool.shutdown(wait=False, cancel_futures=True)
+                    log.error("request_worker_died")
+                    raise ApiError("a request worker failed while preparing this request") from exc
+        finally:
+            self._tenant_jobs[tenant_id] -= 1
+            if not self._tenant_jobs[tenant_id]:
+                del self._tenant_jobs[tenant_id], self._tenant_locks[tenant_id]
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+# -- in the worker process ------------------------------------------------------------------------
+
+_CONTEXT: PrepareContext | None = None
+
+
+def _start_worker(setup_bytes: bytes) -> None:
+    global _CONTEXT
+    with contextlib.suppress(OSError):  # not allowed here: run at the parent's priority
+        os.nice(WORKER_NICE)
+    setup: WorkerSetup = pickle.loads(setup_bytes)
+    tokenizer = setup.tokenizer
+    renderer = PromptRenderer(
+        # What the engine's apply_chat_template does (inference.async_engine), with this copy of its tokenizer.
+        apply_chat_template=partial(tokenizer.apply_chat_template, tokenize=False, add_generation_prompt=True),
+        tokenizer=tokenizer,
+        bounds=setup.bounds,
+        max_prompt_tokens=setup.max_model_len - 1,
+    )
+    _CONTEXT = PrepareContext(setup.model_id, setup.max_model_len, setup.min_cacheable_tokens, renderer)
+
+
+def _ready() -> bool:
+    return _CONTEXT is not None
+
+
+def _run_job(job: Callable[..., R], *args: Any) -> R:
+    from fastapi.exceptions import RequestValidationError
+
+    from gateway.api.errors import validation_message
+
+    assert _CONTEXT is not None
+    try:
+        return job(_CONTEXT, *args)
+    except RequestValidationError as exc:
+        # Worded here as the exception handler would: FastAPI's error does not pickle with its details.
+        message, param = validation_message(list(exc.errors()))
+        raise InvalidRequestError(message, param=param) from None
