@@ -34,7 +34,7 @@ from tests.gateway.harness import ADMIN_TOKEN, GatewayServer, Key
 TOTAL_REQUESTS = int(os.environ.get("KVGATE_FUZZ_REQUESTS", "10000"))
 # Examples per schema operation and mode; hypothesis stops early where an operation has few distinct
 # inputs. The raw-JSON tests, which run last and cost less per request, make up the rest of the total.
-SCHEMA_EXAMPLES = int(os.environ.get("KVGATE_FUZZ_SCHEMA_EXAMPLES", "50"))
+SCHEMA_EXAMPLES = int(os.environ.get("KVGATE_FUZZ_SCHEMA_EXAMPLES", "25"))
 MIN_RAW_EXAMPLES = 200
 MAX_GENERATED_TOKENS = 4
 HYPOTHESIS = settings(deadline=None, database=None, suppress_health_check=list(HealthCheck), print_blob=True)
