@@ -272,7 +272,7 @@ def main() -> None:
     intro, rows = run(args)
     print("\n".join([f"## {TITLE}", "", *intro, "", *rows]))
     if args.write_docs:
-        write_section("neighbour", TITLE, [*intro, "", *rows])
+        write_section("noisy_tenant", TITLE, [*intro, "", *rows])
 
 
 if __name__ == "__main__":
