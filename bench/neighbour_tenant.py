@@ -14,7 +14,9 @@ each is recorded:
 3. near-limit bodies: the attacker sends prompts just under the cheap checks (as
    many characters as could conceivably fit), which must be tokenized to be
    refused, to /v1/messages and /v1/messages/count_tokens in a loop, from two
-   connections.
+   connections;
+4. many blocks: a body just under the byte bound made of one-character text
+   blocks, the most JSON parsing and validation per byte, in a loop.
 
 The target: the neighbour's p99 under attack stays under 2x its idle p99. The
 attacker's requests are counted by status. --server-repo runs the server from
@@ -219,6 +221,9 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         near = near_limit_text(model, args.max_model_len)
         near_messages = encode(small_body(server.model, near))
         near_count = encode({"model": server.model, "messages": [{"role": "user", "content": near}]})
+        # The costliest JSON per byte under the byte bound: json and pydantic hold the GIL for seconds.
+        blocks = [{"type": "text", "text": "a"}] * (len(near) * 12 // 28)
+        many = encode({"model": server.model, "max_tokens": 1, "messages": [{"role": "user", "content": blocks}]})
 
         messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=50)
         phases.append(("idle", summary(messages), summary(probes), {}))
@@ -230,6 +235,10 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         with Attack(server, targets, Path(tmp)) as attack:
             messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=20)
         label = f"near-limit prompts ({len(near) / 1e3:.0f}k characters) in two loops"
+        phases.append((label, summary(messages), summary(probes), attack.statuses))
+        with Attack(server, [("/v1/messages", many)], Path(tmp)) as attack:
+            messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=20)
+        label = f"{len(many) / 1e6:.1f} MB of one-character text blocks in a loop"
         phases.append((label, summary(messages), summary(probes), attack.statuses))
 
     idle_p99 = phases[0][1]["p99"]
