@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -265,6 +266,8 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
 
 
 def main() -> None:
+    # Terminated: unwind, so the server and attacker processes are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if sys.argv[1:2] == ["attack"]:
         attack_loop(*sys.argv[2:7])
         return
