@@ -251,6 +251,9 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         answers = ", ".join(f"{count}x {status}" for status, count in sorted(statuses.items())) or "-"
         cells = f"{m['n']} | {m['p50']:.1f} | {m['p99']:.1f} | {m['max']:.1f} | {m['p99'] / idle_p99:.2f}"
         rows.append(f"| {label} | {cells} | {h['p99']:.1f} | {answers} |")
+    missed = [label for label, m, _, _ in phases if m["p99"] >= 2 * idle_p99]
+    verdict = "met in every row" if not missed else f"missed while: {'; '.join(missed)}"
+    rows += ["", f"Target, the neighbour's p99 under attack below 2x its idle p99: **{verdict}**."]
     where = "this checkout" if code == REPO.resolve() else f"the checkout at {code}"
     intro = [
         f"`.venv/bin/python bench/neighbour_tenant.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on "
