@@ -25,6 +25,7 @@ import contextlib
 import multiprocessing
 import os
 import pickle
+import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -86,7 +87,7 @@ class RequestWorkers:
 
     def prewarm(self) -> None:
         """Start the fork server and a worker now, in the background, rather than on the first large body."""
-        self._pool().submit(_ready)
+        threading.Thread(target=self._pool().submit, args=(_ready,), name="kvgate-prewarm", daemon=True).start()
 
     async def run(self, tenant_id: str, job: Callable[[PrepareContext, bytes, str | None], R], *args: Any) -> R:
         """`job(context, *args)` in a worker, after this tenant's earlier jobs; its KvgateErrors propagate."""
@@ -96,7 +97,10 @@ class RequestWorkers:
             async with lock:
                 pool = self._pool()
                 try:
-                    return await asyncio.get_running_loop().run_in_executor(pool, partial(_run_job, job, *args))
+                    # submit() may start a worker process, and waits while the fork server is still
+                    # importing: a thread's wait, not the event loop's.
+                    future = await asyncio.to_thread(pool.submit, _run_job, job, *args)
+                    return await asyncio.wrap_future(future)
                 except BrokenProcessPool as exc:
                     # A worker died (killed for memory, say): the next job gets a fresh pool.
                     if self._executor is pool:

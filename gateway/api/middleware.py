@@ -79,8 +79,8 @@ def _admin_text_problem(body: bytes) -> str | None:
         return None
     try:
         found = lone_surrogate(json.loads(body))
-    except ValueError:
-        return None  # not JSON: FastAPI says so
+    except (ValueError, RecursionError):
+        return None  # not JSON (or too deep for it): FastAPI says so
     return lone_surrogate_message(*found) if found else None
 
 
