@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/engine.py
 	$(VENV)/bin/python bench/tiers.py
 	$(VENV)/bin/python bench/write_out.py
+	$(VENV)/bin/python bench/neighbour.py --write-docs
 	$(VENV)/bin/python bench/gateway.py --write-docs
 
 clean:

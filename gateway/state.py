@@ -65,4 +65,7 @@ class Gateway:
         await asyncio.sleep(0)  # requests cancelled just now spawn their settlement on their next turn
         while self.background:
             # asyncio.wait, not gather: a drain cut short by its caller must not cancel the work.
-            await asyncio.wait(set(self.background))
+            done, _ = await asyncio.wait(set(self.background))
+            for task in done:  # retrieved, as gather would (each logs its own failures)
+                if not task.cancelled():
+                    task.exception()

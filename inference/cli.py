@@ -19,9 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--shutdown-grace-s",
         type=float,
-        default=float(os.environ.get("KVGATE_SHUTDOWN_GRACE_S", "30")),
-        help="after SIGTERM, exit within this many seconds: requests in flight get two thirds of it "
-        "(default KVGATE_SHUTDOWN_GRACE_S or 30)",
+        help="after SIGTERM, exit within this many seconds: requests in flight get two thirds of it, "
+        "stopping the engine the rest (default KVGATE_SHUTDOWN_GRACE_S or 30)",
     )
     serve.set_defaults(handler=_serve)
 
@@ -36,8 +35,14 @@ def _serve(args: argparse.Namespace) -> int:
     from kvgate.logs import configure_logging
 
     configure_logging(args.log_level)
-    grace = args.shutdown_grace_s
+    grace = args.shutdown_grace_s or float(os.environ.get("KVGATE_SHUTDOWN_GRACE_S", "30"))
     app = create_app(AsyncEngine(EngineSettings()), shutdown_timeout_s=grace / 3)
     # log_config=None leaves uvicorn's loggers (levels included) as configure_logging set them.
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, timeout_graceful_shutdown=grace * 2 / 3)  # type: ignore[arg-type]
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        timeout_graceful_shutdown=grace * 2 / 3,  # type: ignore[arg-type]
+    )
     return 0

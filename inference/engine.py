@@ -296,9 +296,11 @@ class Engine:
         if not sampling:
             return outputs
         rows = [r for _, r in sampling]
+        if len(rows) < logits.shape[0]:  # a request failed after the pass: drop its row (a copy; rare)
+            logits = logits[rows]
         if self.logits_observer is not None:
-            self.logits_observer([t.request.request_id for t, _ in sampling], logits[rows])
-        for (tracked, _), token in zip(sampling, self._sample(logits[rows], [t for t, _ in sampling]), strict=True):
+            self.logits_observer([t.request.request_id for t, _ in sampling], logits)
+        for (tracked, _), token in zip(sampling, self._sample(logits, [t for t, _ in sampling]), strict=True):
             if isinstance(token, Exception):
                 outputs.append(self._fail_on_exception(tracked.request, token))
                 continue
