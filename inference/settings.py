@@ -27,7 +27,7 @@ class EngineSettings(BaseSettings):
     num_threads: int | None = Field(
         None,
         description="torch intra-op threads; defaults to all cores (or OMP_NUM_THREADS). kvgate also sets "
-        "OMP_WAIT_POLICY=PASSIVE unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set: see docs/benchmarks.md.",
+        "OMP_WAIT_POLICY=PASSIVE unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set (bench/neighbour.py measures it).",
     )
 
     attention_backend: Literal["auto", "cpu_kernel", "torch"] = Field(
