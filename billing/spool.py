@@ -19,11 +19,9 @@ request id), so a replay that dies half way is simply run again: exactly once.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import threading
 import time
-import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import structlog
+
+from kvgate.checksummed_lines import decode_line, encode_line
 
 log = structlog.get_logger(__name__)
 
@@ -45,25 +45,6 @@ class ReplayResult:
     records: int
     applied: int
     corrupt: int
-
-
-def encode_line(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
-    return b"%08x %s\n" % (zlib.crc32(body), body)
-
-
-def decode_line(line: bytes) -> dict[str, Any] | None:
-    """The record on a line, or None if the line is torn or altered."""
-    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
-        return None
-    body = line[9:-1]
-    try:
-        if int(line[:8], 16) != zlib.crc32(body):
-            return None
-        record = json.loads(body)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 class Spool:

@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
-import json
 import os
 import time
-import zlib
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
@@ -49,6 +47,7 @@ from typing import Any
 import structlog
 from sqlalchemy.engine import make_url
 
+from kvgate.checksummed_lines import decode_line, encode_line
 from kvgate.usage import Endpoint, TokenCounts, UsageEvent
 
 SEGMENT_GLOB = "seg-*.jnl"
@@ -134,25 +133,6 @@ def default_journal_dir(database_url: str) -> Path:
 
 
 # -- lines ----------------------------------------------------------------------------------------
-
-
-def encode_line(record: dict[str, Any]) -> bytes:
-    body = json.dumps(record, separators=(",", ":"), sort_keys=True, ensure_ascii=True).encode()
-    return b"%08x %s\n" % (zlib.crc32(body), body)
-
-
-def decode_line(line: bytes) -> dict[str, Any] | None:
-    """The record on a line, or None if the line is torn or altered."""
-    if not line.endswith(b"\n") or len(line) < 10 or line[8:9] != b" ":
-        return None
-    body = line[9:-1]
-    try:
-        if int(line[:8], 16) != zlib.crc32(body):
-            return None
-        record = json.loads(body)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 def end_line(request_id: str) -> bytes:
