@@ -43,7 +43,7 @@ sent: dict[str, int] = {}  # requests sent, by test id
 
 
 def _operations() -> list[tuple[str, str]]:
-    from gateway.app import create_app
+    from kvgate.app import create_app
     from gateway.settings import GatewaySettings
 
     app = create_app(GatewaySettings(database_url="sqlite:///:memory:"))
@@ -169,6 +169,11 @@ json_values = st.recursive(
 )
 
 
+def _many(message: st.SearchStrategy[Any]) -> st.SearchStrategy[list[Any]]:
+    """A long conversation, cheaply: one drawn message repeated 300-400 times."""
+    return st.builds(lambda m, n: [m] * n, message, st.integers(min_value=300, max_value=400))
+
+
 def _deep(depth: int) -> Any:
     value: Any = "x"
     for _ in range(depth):
@@ -203,7 +208,7 @@ def anthropic_bodies(draw: st.DrawFn, *, count_tokens: bool) -> dict[str, Any]:
     )
     hostile = {
         "model": texts,
-        "messages": st.lists(message, max_size=3) | st.lists(message, min_size=300, max_size=400),
+        "messages": st.lists(message, max_size=3) | _many(message),
         "system": texts | st.lists(text_block, max_size=2) | json_values,
         "max_tokens": numbers,
         "temperature": numbers,
@@ -236,7 +241,7 @@ def openai_bodies(draw: st.DrawFn) -> dict[str, Any]:
     )
     hostile = {
         "model": texts,
-        "messages": st.lists(message, max_size=3) | st.lists(message, min_size=300, max_size=400),
+        "messages": st.lists(message, max_size=3) | _many(message),
         "max_tokens": numbers,
         "max_completion_tokens": numbers,
         "seed": numbers,
