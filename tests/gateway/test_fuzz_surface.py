@@ -43,8 +43,8 @@ sent: dict[str, int] = {}  # requests sent, by test id
 
 
 def _operations() -> list[tuple[str, str]]:
-    from kvgate.app import create_app
     from gateway.settings import GatewaySettings
+    from kvgate.app import create_app
 
     app = create_app(GatewaySettings(database_url="sqlite:///:memory:"))
     schema = schemathesis.openapi.from_dict(app.openapi())
