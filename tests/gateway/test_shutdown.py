@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,9 @@ def kvgate_serve(tiny_llama_dir: Path, tmp_path: Path, fault: str) -> Iterator[S
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Its own process group: the request workers' fork server, which shares its stderr, is
+        # cleaned up with it below (it can outlive the server by a while, keeping the pipe open).
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     try:
@@ -121,6 +124,8 @@ def kvgate_serve(tiny_llama_dir: Path, tmp_path: Path, fault: str) -> Iterator[S
     finally:
         if process.poll() is None:
             process.kill()
+        with suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.communicate(timeout=30)
 
 
