@@ -64,7 +64,6 @@ def make_engine_stats(core: Engine) -> EngineStats:
     """Read the engine's counters (from any thread: each is one attribute or a small copy)."""
     pool = core.pool
     tiers = core.tiers.tiers if core.tiers is not None else []
-    worker = core.tiers.worker if core.tiers is not None else None
     return EngineStats(
         model_id=core.model_id,
         prefix_cache_queries=core.kv.num_query_tokens,
@@ -77,7 +76,7 @@ def make_engine_stats(core: Engine) -> EngineStats:
         running=core.num_running,
         waiting=core.num_waiting,
         tiers=tuple(_tier_snapshot(tier) for tier in tiers),
-        offload_pending=worker.num_pending if worker is not None else None,
+        offload_pending=core.tiers.num_pending_stores if core.tiers is not None else None,
     )
 
 
