@@ -14,6 +14,7 @@ from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from billing import usage_rollups
 from billing.errors import BillingDomainError
 from billing.models import Invoice, LedgerEntry
 from billing.periods import month_start
@@ -146,6 +147,8 @@ async def record_usage(
         "reason": None,
     }
     inserted = await insert_ignore(session, LedgerEntry, values, ["request_id", "kind"])
+    if inserted:
+        await usage_rollups.add_entry(session, values)
     entry = await _find(session, charge.request_id, EntryKind.USAGE)
     assert entry is not None
     if not inserted:  # a concurrent writer got there first
@@ -190,6 +193,8 @@ async def reverse_usage(
         "reason": reason[:500],
     }
     inserted = await insert_ignore(session, LedgerEntry, values, ["request_id", "kind"])
+    if inserted:
+        await usage_rollups.add_entry(session, values)
     entry = await _find(session, request_id, EntryKind.REVERSAL)
     assert entry is not None
     return _result(entry, inserted=inserted)

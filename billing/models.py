@@ -107,6 +107,37 @@ class LedgerEntry(Base):
     reason: Mapped[str | None] = mapped_column(String(500))
 
 
+class UsageRollup(Base):
+    """The ledger summed per tenant, UTC hour, key, model, endpoint and status, kept in the ledger
+    writer's transaction, so summaries read a month of requests in hundreds of rows.
+
+    Reversals are added with their (negative) amounts and count no request; an entry without a key
+    is rolled up under api_key_id "" (a primary key column cannot be NULL).
+    """
+
+    __tablename__ = "usage_rollups"
+    __table_args__ = (
+        PrimaryKeyConstraint("tenant_id", "hour", "api_key_id", "model", "endpoint", "status"),
+        Index("ix_usage_rollups_hour", "hour"),
+    )
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"))
+    hour: Mapped[datetime] = mapped_column(UTCDateTime())
+    api_key_id: Mapped[str] = mapped_column(String(40))
+    model: Mapped[str] = mapped_column(String(200))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(32))
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_5m_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_1h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_24h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cost_pico: Mapped[int] = mapped_column(BigInteger, default=0)
+    uncached_cost_pico: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
 class TenantBudget(Base):
     __tablename__ = "tenant_budgets"
 

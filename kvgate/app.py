@@ -21,9 +21,11 @@ from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
 from kvgate import tenancy
 from kvgate.db import Base
+from web import app as web_app
+from web import models as web_models
 
 # The modules that define tables; importing them registers their tables on Base.metadata.
-TABLE_MODULES = (tenancy, billing_models)
+TABLE_MODULES = (tenancy, billing_models, web_models)
 
 
 def load_models() -> MetaData:
@@ -41,8 +43,8 @@ def create_app(
     prewarm_workers: bool = False,
 ) -> FastAPI:
     """The kvgate server: the gateway, billed by billing's hooks (or `billing`, for tests and
-    benchmarks), with billing's admin routes under /admin/v1 and its public routes (webhooks)."""
-    return gateway_app.create_app(
+    benchmarks), with billing's admin routes under /admin/v1, its public routes (webhooks), and the dashboard."""
+    app = gateway_app.create_app(
         settings,
         engine_factory=engine_factory,
         billing=billing,
@@ -53,3 +55,5 @@ def create_app(
         limiter=limiter,
         prewarm_workers=prewarm_workers,
     )
+    web_app.install(app)
+    return app

@@ -1,4 +1,4 @@
-"""The tables every package shares: tenants, their API keys, usage records and server state.
+"""The tables every package shares: tenants, their API keys and members, usage records and server state.
 
 The gateway writes them; billing reads them (budgets, invoices, Stripe customers).
 """
@@ -7,13 +7,21 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, Integer, String
+from sqlalchemy import BigInteger, ForeignKey, Integer, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kvgate.db import Base, UTCDateTime, utcnow
 
 TENANT_ACTIVE = "active"
 TENANT_SUSPENDED = "suspended"
+
+# What a key may do. Keys made before scopes existed hold SCOPE_INFERENCE, their old power.
+SCOPE_INFERENCE = "inference"
+SCOPE_USAGE_READ = "usage:read"
+KEY_SCOPES = (SCOPE_INFERENCE, SCOPE_USAGE_READ)
+
+# A member's role on the dashboard: viewers read, billing also edits billing, admins also manage keys.
+MEMBER_ROLES = ("viewer", "billing", "admin")
 
 
 class Tenant(Base):
@@ -40,6 +48,24 @@ class ApiKey(Base):
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
     requests_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
     input_tokens_per_minute: Mapped[int | None] = mapped_column(Integer, default=None)
+    # Space-separated KEY_SCOPES.
+    scopes: Mapped[str] = mapped_column(String(200), default=SCOPE_INFERENCE, server_default=SCOPE_INFERENCE)
+
+
+class Member(Base):
+    """A person who logs in to a tenant's dashboard (by a single-use email link, never by API key)."""
+
+    __tablename__ = "members"
+    __table_args__ = (UniqueConstraint("tenant_id", "email", name="uq_members_tenant_email"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    # Stored lower-cased.
+    email: Mapped[str] = mapped_column(String(320))
+    role: Mapped[str] = mapped_column(String(16))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    last_login_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime(), default=None)
 
 
 class UsageRecord(Base):

@@ -1,0 +1,28 @@
+"""The dashboard mounted on the kvgate app: its pages, its static files, and its two redirects."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from starlette.responses import RedirectResponse, Response
+
+from web.deps import LoginRequired, NotAllowed
+from web.pages import router as pages_router
+from web.rendering import WEB_DIR, StaticAssets, page
+
+
+def install(app: FastAPI) -> None:
+    """Serve the dashboard from `app`: / and the pages under it, /static for its assets."""
+    app.include_router(pages_router)
+    app.mount("/static", StaticAssets(directory=WEB_DIR / "static"), name="static")
+    app.add_exception_handler(LoginRequired, _login_required)
+    app.add_exception_handler(NotAllowed, _not_allowed)
+
+
+async def _login_required(request: Request, exc: Exception) -> Response:
+    if request.headers.get("hx-request") or request.url.path.startswith("/dashboard-api/"):
+        return Response(status_code=401)
+    return RedirectResponse("/login", status_code=303)
+
+
+async def _not_allowed(request: Request, exc: Exception) -> Response:
+    return page(request, "error.html", status_code=403, message=str(exc) or "not allowed")

@@ -1,0 +1,11 @@
+"""The dashboard's pages: one module per page, each with its own router."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from web.pages import overview
+
+router = APIRouter(include_in_schema=False)
+for module in (overview,):
+    router.include_router(module.router)
