@@ -23,8 +23,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import multiprocessing.forkserver as forkserver
 import os
 import pickle
+import signal
 import threading
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -44,6 +46,8 @@ log = structlog.get_logger("kvgate.gateway")
 
 R = TypeVar("R")
 WORKER_NICE = 5
+# How long close() waits for each terminated worker.
+WORKER_JOIN_S = 5.0
 MAX_DEFAULT_PROCESSES = 4
 PRELOAD = ["transformers", "gateway.services.completions", "gateway.request_workers"]
 
@@ -114,9 +118,35 @@ class RequestWorkers:
                 del self._tenant_jobs[tenant_id], self._tenant_locks[tenant_id]
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = None
+        """Stop the workers and the fork server at once, so none outlives the server holding its stdio.
+
+        Called once requests have drained: a job still running here was abandoned by shutdown anyway,
+        and a worker holds nothing but a request being parsed, so it is killed rather than asked.
+        """
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        processes = list((executor._processes or {}).values())
+        executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            process.kill()
+        for process in processes:
+            process.join(timeout=WORKER_JOIN_S)
+        _stop_fork_server()
+
+
+def _stop_fork_server() -> None:
+    # The fork server would exit on its own once this process is gone; until then it holds the
+    # server's stderr, so whoever reads that to its end (a supervisor, a test) waits for it. It is
+    # killed, not asked: while it still imports its preload it does not notice its lifeline closing.
+    server = forkserver._forkserver
+    pid = server._forkserver_pid
+    if pid is None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(Exception):
+        server._stop()  # reaps it and resets the singleton: the next use starts a new one
 
 
 # -- in the worker process ------------------------------------------------------------------------
