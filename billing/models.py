@@ -223,6 +223,11 @@ class Invoice(Base):
     payment_failed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
     stripe_invoice_id: Mapped[str | None] = mapped_column(String(64), unique=True)
     stripe_pushed_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    # Set at finalization (migration 0004): tax on the subtotal (total_cents), the due date, and the
+    # buyer and seller profiles and tax treatment as they were then (JSON), so the issued document never changes.
+    tax_cents: Mapped[int | None] = mapped_column(BigInteger)
+    due_on: Mapped[date | None] = mapped_column(Date)
+    parties_json: Mapped[str | None] = mapped_column(Text)
 
 
 class InvoiceLineRow(Base):
@@ -241,6 +246,30 @@ class InvoiceLineRow(Base):
     unit_price_usd_per_mtok: Mapped[Decimal] = mapped_column(DecimalText())
     exact_amount_pico: Mapped[int] = mapped_column(BigInteger)
     amount_cents: Mapped[int] = mapped_column(BigInteger)
+
+
+class BillingProfileRow(Base):
+    """A tenant's billing profile: the invoice's buyer block and tax treatment (migration 0004)."""
+
+    __tablename__ = "billing_profiles"
+
+    tenant_id: Mapped[str] = mapped_column(ForeignKey("tenants.id"), primary_key=True)
+    legal_name: Mapped[str] = mapped_column(String(200))
+    email: Mapped[str | None] = mapped_column(String(320))
+    address_line1: Mapped[str | None] = mapped_column(String(200))
+    address_line2: Mapped[str | None] = mapped_column(String(200))
+    address_city: Mapped[str | None] = mapped_column(String(100))
+    address_postal_code: Mapped[str | None] = mapped_column(String(20))
+    address_state: Mapped[str | None] = mapped_column(String(100))
+    address_country: Mapped[str | None] = mapped_column(String(2))
+    tax_id_type: Mapped[str | None] = mapped_column(String(32))
+    tax_id_value: Mapped[str | None] = mapped_column(String(64))
+    currency: Mapped[str] = mapped_column(String(3), default="usd")
+    po_number: Mapped[str | None] = mapped_column(String(64))
+    tax_treatment: Mapped[str] = mapped_column(String(16))
+    tax_rate_percent: Mapped[Decimal | None] = mapped_column(DecimalText())
+    tax_note: Mapped[str | None] = mapped_column(String(500))
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class CreditNote(Base):
@@ -294,3 +323,13 @@ class WebhookEvent(Base):
     payload: Mapped[str] = mapped_column(Text)
     outcome: Mapped[str] = mapped_column(String(200))
     received_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class StripeCreditNote(Base):
+    """Which Stripe credit note carries which of ours (migration 0004): the dedupe for pushing them."""
+
+    __tablename__ = "stripe_credit_notes"
+
+    credit_note_id: Mapped[int] = mapped_column(ForeignKey("credit_notes.id"), primary_key=True)
+    stripe_credit_note_id: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog, credit_notes, invoices, stripe_sync
+from billing import budgets, catalog, credit_notes, invoices, profiles, stripe_sync
 from billing.budgets import BudgetStatus, UnknownOwnerError
 from billing.catalog import SeedResult
 from billing.errors import NotConfiguredError
@@ -97,6 +97,18 @@ async def grant_credit(
     )
     await session.commit()
     return grant, created
+
+
+# -- billing profiles --------------------------------------------------------------------------
+
+
+async def set_billing_profile(
+    *, session: AsyncSession, tenant_id: str, profile: profiles.BillingProfile
+) -> profiles.BillingProfile:
+    """Replace a tenant's billing profile; invoices finalized before keep the profile they were issued with."""
+    await profiles.set_profile(session=session, tenant_id=tenant_id, profile=profile)
+    await session.commit()
+    return profile
 
 
 # -- invoices and credit notes ----------------------------------------------------------------------

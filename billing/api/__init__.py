@@ -10,10 +10,21 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from billing.api import budgets, credit_notes, credits, invoice_documents, invoices, prices, spool, usage, webhooks
+from billing.api import (
+    billing_profiles,
+    budgets,
+    credit_notes,
+    credits,
+    invoice_documents,
+    invoices,
+    prices,
+    spool,
+    usage,
+    webhooks,
+)
 
 admin_router = APIRouter(tags=["billing"])
-for module in (usage, prices, budgets, credits, invoices, invoice_documents, credit_notes, spool):
+for module in (usage, prices, budgets, credits, billing_profiles, invoices, invoice_documents, credit_notes, spool):
     admin_router.include_router(module.router)
 
 public_router = APIRouter(tags=["billing"])

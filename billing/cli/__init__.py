@@ -1,4 +1,4 @@
-"""`kvgate prices|usage|invoices|credit-notes|budgets|credits|spool ...`: billing on the database directly.
+"""`kvgate prices|usage|invoices|credit-notes|billing-profile|budgets|credits|spool`: billing on the database.
 
 Like `kvgate tenants`, these migrate the database first and need no running server.
 Amounts are USD decimal strings; lists print a table, or JSON with --json.
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from billing.cli import budgets, credit_notes, credits, invoices, prices, spool, usage
+from billing.cli import billing_profiles, budgets, credit_notes, credits, invoices, prices, spool, usage
 
 
 def register(subparsers: Any) -> None:
-    for module in (prices, usage, invoices, credit_notes, budgets, credits, spool):
+    for module in (prices, usage, invoices, credit_notes, billing_profiles, budgets, credits, spool):
         module.register(subparsers)
