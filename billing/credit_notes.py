@@ -18,7 +18,8 @@ class CreditNoteError(BillingDomainError, ValueError):
 async def issue_credit_note(
     *, session: AsyncSession, invoice_id: int, amount_cents: int, reason: str, number_prefix: str
 ) -> CreditNote:
-    """Credit part or all of a finalized invoice; the credits may not exceed its total. Caller commits."""
+    """Credit part or all of a finalized invoice; the credits may not exceed its total (tax included, since a
+    credit note is a gross amount). Caller commits."""
     if amount_cents <= 0:
         raise CreditNoteError("a credit note must be for a positive amount")
     reason = reason.strip()
@@ -30,7 +31,7 @@ async def issue_credit_note(
     credited = await session.scalar(
         select(func.coalesce(func.sum(CreditNote.amount_cents), 0)).where(CreditNote.invoice_id == invoice_id)
     )
-    available = (invoice.total_cents or 0) - int(credited or 0)
+    available = (invoice.total_cents or 0) + (invoice.tax_cents or 0) - int(credited or 0)
     if amount_cents > available:
         raise CreditNoteError(
             f"invoice {invoice.number} has {available} cents left to credit; {amount_cents} requested"

@@ -8,6 +8,7 @@ then on triggers refuse any change to those (see migration 0002_billing).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -21,7 +22,9 @@ from billing.ledger import TOKEN_COLUMNS
 from billing.models import CreditNote, Invoice, InvoiceLineRow, LedgerEntry, PriceVersionRow
 from billing.numbering import next_number
 from billing.periods import finalizable_at, month_bounds, month_start
+from billing.profiles import BillingProfile, TaxTreatment, get_profile
 from billing.render import CreditNoteSummary, InvoiceDocument
+from billing.tax import TaxLine, tax_lines
 from kvgate.db import insert_ignore, utcnow
 from kvgate.errors import ConflictError, NotFoundError
 from kvgate.tenancy import Tenant
@@ -46,17 +49,44 @@ class InvoiceStateError(ConflictError, InvoiceError):
     """The invoice is not in a state that allows this (e.g. finalizing a running month)."""
 
 
+# Finalized before migration 0004 recorded the buyer's tax treatment: issued with no tax.
+_UNRECORDED_TAX = TaxTreatment(treatment="exempt", note="Issued before tax treatment was recorded; no tax charged.")
+
+
 @dataclass(frozen=True)
 class InvoiceView:
-    """An invoice with its lines: stored ones if finalized, computed ones for a draft."""
+    """An invoice with its lines: stored ones if finalized, computed ones for a draft.
+
+    Totals: subtotal (sum of the rounded lines) + tax = total; total - credit notes = amount due.
+    A draft takes the buyer's current profile; a finalized invoice the one copied when it was issued.
+    """
 
     invoice: Invoice
     computation: InvoiceComputation
     credit_notes: tuple[CreditNote, ...]
+    buyer: BillingProfile | None = None
+    seller: BillingProfile | None = None
+    tax_lines: tuple[TaxLine, ...] = ()
 
     @property
     def credited_cents(self) -> int:
         return sum(note.amount_cents for note in self.credit_notes)
+
+    @property
+    def subtotal_cents(self) -> int:
+        return self.computation.total_cents
+
+    @property
+    def tax_cents(self) -> int:
+        return sum(line.amount_cents for line in self.tax_lines)
+
+    @property
+    def total_cents(self) -> int:
+        return self.subtotal_cents + self.tax_cents
+
+    @property
+    def amount_due_cents(self) -> int:
+        return self.total_cents - self.credited_cents
 
 
 async def usage_aggregates(*, session: AsyncSession, tenant_id: str, month: date) -> list[UsageAggregate]:
@@ -132,14 +162,45 @@ async def list_invoices(
 
 async def view_invoice(*, session: AsyncSession, invoice_id: int) -> InvoiceView:
     invoice = await get_invoice(session=session, invoice_id=invoice_id)
+    seller: BillingProfile | None = None
     if invoice.status == DRAFT:
         computation = await compute_for(session=session, tenant_id=invoice.tenant_id, month=invoice.period_start)
+        buyer = await get_profile(session=session, tenant_id=invoice.tenant_id)
+        taxes = tax_lines(subtotal_cents=computation.total_cents, treatment=buyer.tax)
     else:
         computation = await _stored_computation(session, invoice)
+        buyer, seller, taxes = await _issued_parties(session, invoice)
     notes = (
         await session.scalars(select(CreditNote).where(CreditNote.invoice_id == invoice.id).order_by(CreditNote.id))
     ).all()
-    return InvoiceView(invoice=invoice, computation=computation, credit_notes=tuple(notes))
+    return InvoiceView(
+        invoice=invoice,
+        computation=computation,
+        credit_notes=tuple(notes),
+        buyer=buyer,
+        seller=seller,
+        tax_lines=taxes,
+    )
+
+
+async def _issued_parties(
+    session: AsyncSession, invoice: Invoice
+) -> tuple[BillingProfile, BillingProfile | None, tuple[TaxLine, ...]]:
+    """Buyer, seller and tax lines as fixed at finalization (the stored tax amount, not a recomputation)."""
+    if invoice.parties_json is None:
+        current = await get_profile(session=session, tenant_id=invoice.tenant_id)
+        buyer = BillingProfile(
+            legal_name=current.legal_name, email=current.email, address=current.address, tax=_UNRECORDED_TAX
+        )
+        return buyer, None, ()
+    parties = json.loads(invoice.parties_json)
+    buyer = BillingProfile.from_dict(parties["buyer"])
+    seller = BillingProfile.from_dict(parties["seller"]) if parties.get("seller") else None
+    taxes = tax_lines(subtotal_cents=invoice.total_cents or 0, treatment=buyer.tax)
+    if taxes and taxes[0].amount_cents != (invoice.tax_cents or 0):
+        line = taxes[0]
+        taxes = (TaxLine(line.label, line.rate_percent, line.taxable_cents, invoice.tax_cents or 0),)
+    return buyer, seller, taxes
 
 
 async def _stored_computation(session: AsyncSession, invoice: Invoice) -> InvoiceComputation:
@@ -167,13 +228,21 @@ async def _stored_computation(session: AsyncSession, invoice: Invoice) -> Invoic
         total_cents=invoice.total_cents or 0,
         exact_total_pico=sum(line.exact_amount_pico for line in lines),
         uncached_cents=invoice.uncached_cents or 0,
+        exact_uncached_pico=invoice.exact_uncached_pico,
     )
 
 
 async def finalize_invoice(
-    *, session: AsyncSession, invoice_id: int, number_prefix: str, now: datetime | None = None
+    *,
+    session: AsyncSession,
+    invoice_id: int,
+    number_prefix: str,
+    now: datetime | None = None,
+    seller: BillingProfile | None = None,
+    payment_terms_days: int = 14,
 ) -> InvoiceView:
-    """Freeze a draft whose month has ended: store its lines, number it. Caller commits.
+    """Freeze a draft whose month has ended: store its lines, number it, fix its tax, due date and
+    parties (the buyer's profile and `seller` as they are now). Caller commits.
 
     The row lock excludes ledger writers deciding which month a late entry belongs
     to (they share-lock this row), so no entry can land in a month after its lines
@@ -203,6 +272,9 @@ async def finalize_invoice(
                 amount_cents=line.amount_cents,
             )
         )
+    buyer = await get_profile(session=session, tenant_id=invoice.tenant_id)
+    taxes = tax_lines(subtotal_cents=computation.total_cents, treatment=buyer.tax)
+    parties = {"buyer": json.loads(buyer.to_json()), "seller": json.loads(seller.to_json()) if seller else None}
     number = await next_number(session=session, name="invoice")
     await session.execute(
         update(Invoice)
@@ -213,6 +285,10 @@ async def finalize_invoice(
             requests=computation.requests,
             total_cents=computation.total_cents,
             uncached_cents=computation.uncached_cents,
+            exact_uncached_pico=computation.exact_uncached_pico,
+            tax_cents=sum(t.amount_cents for t in taxes),
+            due_on=now.date() + timedelta(days=payment_terms_days),
+            parties_json=json.dumps(parties, sort_keys=True),
             finalized_at=now,
         )
     )
@@ -239,10 +315,21 @@ async def set_payment_status(*, session: AsyncSession, invoice_id: int, paid: bo
     return await get_invoice(session=session, invoice_id=invoice_id)
 
 
-async def invoice_document(*, session: AsyncSession, view: InvoiceView, seller: str) -> InvoiceDocument:
+async def invoice_document(
+    *,
+    session: AsyncSession,
+    view: InvoiceView,
+    seller: str | BillingProfile,
+    payment_instructions: str = "",
+    payment_terms_days: int = 14,
+) -> InvoiceDocument:
+    """What the HTML and PDF show. `seller` is the seller's current profile (or just its name); a finalized
+    invoice shows the seller it was issued by where that was recorded."""
     invoice = view.invoice
     tenant = await session.get(Tenant, invoice.tenant_id)
     start, end = month_bounds(invoice.period_start)
+    current_seller = seller if isinstance(seller, BillingProfile) else BillingProfile(legal_name=seller)
+    seller_profile = view.seller or current_seller
     return InvoiceDocument(
         invoice_id=invoice.id,
         number=invoice.number,
@@ -260,5 +347,13 @@ async def invoice_document(*, session: AsyncSession, view: InvoiceView, seller: 
             CreditNoteSummary(number=n.number, amount_cents=n.amount_cents, reason=n.reason, created_at=n.created_at)
             for n in view.credit_notes
         ),
-        seller=seller,
+        seller=seller_profile.legal_name,
+        seller_profile=seller_profile,
+        buyer=view.buyer,
+        tax_lines=view.tax_lines,
+        due_on=invoice.due_on,  # a draft has no issue date, so no due date either
+        payment_terms_days=payment_terms_days,
+        payment_instructions=payment_instructions,
+        exact_total_pico=view.computation.exact_total_pico,
+        exact_uncached_pico=view.computation.exact_uncached_pico,
     )

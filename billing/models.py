@@ -228,6 +228,7 @@ class Invoice(Base):
     tax_cents: Mapped[int | None] = mapped_column(BigInteger)
     due_on: Mapped[date | None] = mapped_column(Date)
     parties_json: Mapped[str | None] = mapped_column(Text)
+    exact_uncached_pico: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class InvoiceLineRow(Base):

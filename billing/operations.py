@@ -132,16 +132,33 @@ async def list_invoices(
     return [await invoices.view_invoice(session=session, invoice_id=row.id) for row in rows]
 
 
-async def finalize_invoice(*, session: AsyncSession, invoice_id: int, number_prefix: str) -> invoices.InvoiceView:
-    view = await invoices.finalize_invoice(session=session, invoice_id=invoice_id, number_prefix=number_prefix)
+async def finalize_invoice(
+    *, session: AsyncSession, invoice_id: int, number_prefix: str, settings: BillingSettings | None = None
+) -> invoices.InvoiceView:
+    """Finalize a draft; with `settings`, the seller's profile and payment terms are recorded on it."""
+    extra = {}
+    if settings is not None:
+        extra = {"seller": settings.seller_profile(), "payment_terms_days": settings.payment_terms_days}
+    view = await invoices.finalize_invoice(session=session, invoice_id=invoice_id, number_prefix=number_prefix, **extra)
     await session.commit()
     return view
 
 
-async def invoice_document(*, session: AsyncSession, invoice_id: int, seller: str) -> InvoiceDocument:
-    """What the PDF and HTML renderings of an invoice show."""
+async def invoice_document(
+    *, session: AsyncSession, invoice_id: int, seller: str, settings: BillingSettings | None = None
+) -> InvoiceDocument:
+    """What the PDF and HTML renderings of an invoice show; `settings` adds the seller's full profile and
+    payment instructions (without, the seller is just its name)."""
     view = await invoices.view_invoice(session=session, invoice_id=invoice_id)
-    return await invoices.invoice_document(session=session, view=view, seller=seller)
+    if settings is None:
+        return await invoices.invoice_document(session=session, view=view, seller=seller)
+    return await invoices.invoice_document(
+        session=session,
+        view=view,
+        seller=settings.seller_profile(),
+        payment_instructions=settings.payment_instructions,
+        payment_terms_days=settings.payment_terms_days,
+    )
 
 
 async def issue_credit_note(

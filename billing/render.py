@@ -1,20 +1,31 @@
-"""An invoice as a person reads it: HTML and PDF from the same frozen document."""
+"""An invoice as a person reads it: one HTML template, served as the page and printed to PDF by WeasyPrint.
+
+There is one layout. `render_html` fills billing/templates/invoice.html from an `InvoiceDocument`;
+`render_pdf` hands that same HTML to WeasyPrint, whose paged-media CSS adds page numbers (and the
+draft watermark repeats on every page). WeasyPrint needs Pango from the system (Debian:
+libpango-1.0-0 libpangoft2-1.0-0, which `make install` adds when missing and it may).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
+from decimal import Decimal
+from functools import cache
 from pathlib import Path
-from typing import Literal
 
 import jinja2
-from fpdf import FPDF
-from fpdf.fonts import FontFace
 
+from billing.errors import NotConfiguredError
 from billing.invoice_lines import CacheSavings, InvoiceLine
-from billing.money import format_usd
+from billing.money import PICO_PER_CENT, format_usd, format_usd_exact
+from billing.profiles import BillingProfile
+from billing.tax import TaxLine
 from kvgate.usage import CATEGORY_LABELS
+
+TEMPLATES = Path(__file__).parent / "templates"
+UNIT_PRICE_DECIMALS = 4  # catalog prices have at most four decimals of USD per Mtok
+_TAX_ID_LABELS = {"eu_vat": "VAT ID", "gb_vat": "VAT ID", "ch_vat": "VAT ID", "de_stn": "Tax number"}
 
 
 @dataclass(frozen=True)
@@ -25,8 +36,24 @@ class CreditNoteSummary:
     created_at: datetime
 
 
+def party_lines(profile: BillingProfile) -> list[str]:
+    """A buyer or seller block: legal name, address, email, tax ID."""
+    lines = [profile.legal_name]
+    if profile.address is not None:
+        lines += profile.address.lines()
+    if profile.email:
+        lines.append(profile.email)
+    if profile.tax_id is not None:
+        label = _TAX_ID_LABELS.get(profile.tax_id.type, f"Tax ID ({profile.tax_id.type})")
+        lines.append(f"{label}: {profile.tax_id.value}")
+    return lines
+
+
 @dataclass(frozen=True)
 class InvoiceDocument(CacheSavings):
+    """Everything the invoice shows. `total_cents` is the sum of the rounded lines (the subtotal, before tax),
+    kept under that name for the callers that read it; `invoice_total_cents` adds the tax."""
+
     invoice_id: int
     number: str | None
     status: str
@@ -41,172 +68,107 @@ class InvoiceDocument(CacheSavings):
     uncached_cents: int
     credit_notes: tuple[CreditNoteSummary, ...] = ()
     seller: str = "kvgate"
+    seller_profile: BillingProfile | None = None
+    buyer: BillingProfile | None = None
+    tax_lines: tuple[TaxLine, ...] = ()
+    due_on: date | None = None
+    payment_terms_days: int = 14
+    payment_instructions: str = ""
+    exact_total_pico: int | None = None
+    exact_uncached_pico: int | None = None
 
     @property
     def title(self) -> str:
         return f"Invoice {self.number}" if self.number else f"Draft invoice #{self.invoice_id}"
 
     @property
+    def is_draft(self) -> bool:
+        return self.status == "draft"
+
+    @property
     def credited_cents(self) -> int:
         return sum(note.amount_cents for note in self.credit_notes)
 
     @property
+    def subtotal_cents(self) -> int:
+        return self.total_cents
+
+    @property
+    def tax_cents(self) -> int:
+        return sum(t.amount_cents for t in self.tax_lines)
+
+    @property
+    def invoice_total_cents(self) -> int:
+        return self.total_cents + self.tax_cents
+
+    @property
     def amount_due_cents(self) -> int:
-        return self.total_cents - self.credited_cents
+        return self.invoice_total_cents - self.credited_cents
 
     @property
     def period_label(self) -> str:
         last_day = self.period_end - timedelta(days=1)
         return f"{self.period_start:%B %Y} ({self.period_start:%Y-%m-%d} to {last_day:%Y-%m-%d}, UTC)"
 
+    @property
+    def issue_date_text(self) -> str:
+        return self.issued_at.date().isoformat() if self.issued_at else "not issued (draft)"
 
-_HTML = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined).from_string(
-    """<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>{{ doc.title }}</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:2rem;color:#111}
-table{border-collapse:collapse;width:100%}th,td{padding:.3rem .6rem;border-bottom:1px solid #ddd}
-td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}.status{text-transform:uppercase;color:#555}
-tfoot td{font-weight:600}
-</style></head><body>
-<h1>{{ doc.title }} <span class="status">{{ doc.status }}</span></h1>
-<p>From {{ doc.seller }} to <strong>{{ doc.tenant_name }}</strong> (tenant {{ doc.tenant_id }})<br>
-Period: {{ doc.period_label }}<br>
-{% if doc.issued_at %}Issued: {{ doc.issued_at.strftime("%Y-%m-%d %H:%M UTC") }}<br>{% endif %}
-Requests: {{ "{:,}".format(doc.requests) }}</p>
-<table><thead><tr><th>#</th><th>Model</th><th>Category</th><th class="n">Tokens</th>
-<th class="n">Unit price (USD / Mtok)</th><th class="n">Amount</th></tr></thead><tbody>
-{% for line in doc.lines %}<tr><td>{{ line.position }}</td><td>{{ line.model }}</td>
-<td>{{ labels[line.category] }}</td>
-<td class="n">{{ "{:,}".format(line.tokens) }}</td><td class="n">{{ line.unit_price_usd_per_mtok }}</td>
-<td class="n">{{ usd(line.amount_cents) }}</td></tr>
-{% else %}<tr><td colspan="6">No usage in this period.</td></tr>{% endfor %}
-</tbody><tfoot>
-<tr><td colspan="5">Total</td><td class="n" id="total">{{ usd(doc.total_cents) }}</td></tr>
-{% for note in doc.credit_notes %}<tr><td colspan="5">Credit note {{ note.number }}: {{ note.reason }}</td>
-<td class="n">-{{ usd(note.amount_cents) }}</td></tr>{% endfor %}
-{% if doc.credit_notes %}<tr><td colspan="5">Amount due</td>
-<td class="n">{{ usd(doc.amount_due_cents) }}</td></tr>{% endif %}
-</tfoot></table>
-<p>Without prompt caching this usage would have cost {{ usd(doc.uncached_cents) }}:
-caching saved {{ usd(doc.savings_cents) }} ({{ doc.savings_percent }}%).</p>
-<p><small>Line amounts are exact token x rate sums rounded half-even to the cent;
-the total is the sum of the lines.</small></p>
-</body></html>
-"""
-)
+    @property
+    def due_date_text(self) -> str:
+        return self.due_on.isoformat() if self.due_on else f"{self.payment_terms_days} days after issue"
+
+    @property
+    def seller_block(self) -> list[str]:
+        return party_lines(self.seller_profile or BillingProfile(legal_name=self.seller))
+
+    @property
+    def buyer_block(self) -> list[str]:
+        return party_lines(self.buyer) if self.buyer else [self.tenant_name]
+
+    @property
+    def tax_note(self) -> str | None:
+        return self.buyer.tax.legal_note if self.buyer else None
+
+    @property
+    def exact_differs(self) -> bool:
+        """Whether the exact usage differs from the subtotal by a cent or more (many lines each rounded)."""
+        if self.exact_total_pico is None:
+            return False
+        return abs(self.exact_total_pico - self.total_cents * PICO_PER_CENT) >= PICO_PER_CENT
+
+    @property
+    def exact_total_text(self) -> str:
+        return format_usd_exact(self.exact_total_pico or 0)
+
+
+def unit_price_text(price: Decimal) -> str:
+    """USD per Mtok at four decimals ('3.0000', '0.3000'); a rare finer price keeps all its digits."""
+    fixed = price.quantize(Decimal(1).scaleb(-UNIT_PRICE_DECIMALS))
+    return f"{fixed:,.{UNIT_PRICE_DECIMALS}f}" if fixed == price else format(price.normalize(), "f")
+
+
+@cache
+def _template() -> jinja2.Template:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
+    )
+    return env.get_template("invoice.html")
 
 
 def render_html(doc: InvoiceDocument) -> str:
-    return _HTML.render(doc=doc, usd=format_usd, labels=CATEGORY_LABELS)
+    """The invoice page (a whole HTML document with its CSS inline, so it also prints as it shows)."""
+    css = (TEMPLATES / "invoice.css").read_text()
+    return _template().render(doc=doc, css=css, usd=format_usd, labels=CATEGORY_LABELS, unit_price=unit_price_text)
 
 
-# Where Debian's fonts-dejavu-core (and most distributions) keep DejaVu Sans: a TrueType font
-# covering Latin, Greek and Cyrillic. Without it the PDF falls back to the core Helvetica font.
-UNICODE_FONT_DIRS = (
-    Path("/usr/share/fonts/truetype/dejavu"),
-    Path("/usr/share/fonts/TTF"),
-    Path("/usr/share/fonts/dejavu"),
-)
-UNICODE_FONT_FILES = {"": "DejaVuSans.ttf", "B": "DejaVuSans-Bold.ttf"}
-
-_ASCII_PUNCTUATION = str.maketrans(
-    {
-        "\u2014": "-",
-        "\u2013": "-",
-        "\u2018": "'",
-        "\u2019": "'",
-        "\u201c": '"',
-        "\u201d": '"',
-        "\u2026": "...",
-        "\u00a0": " ",
-    }
-)
-
-
-def unicode_font_files(dirs: Sequence[Path] = UNICODE_FONT_DIRS) -> dict[str, Path] | None:
-    """DejaVu Sans regular and bold, from the first directory that has both; None if none does."""
-    for directory in dirs:
-        files = {style: directory / name for style, name in UNICODE_FONT_FILES.items()}
-        if all(f.is_file() for f in files.values()):
-            return files
-    return None
-
-
-class _PdfText:
-    """The PDF's font family, and text reduced to what that font can draw (the rest becomes "?")."""
-
-    def __init__(self, pdf: FPDF, font_files: dict[str, Path] | None) -> None:
-        if font_files is None:
-            self.family, self._cmap = "Helvetica", None  # core font: Latin-1 only, nothing to embed
-            return
-        for style, path in font_files.items():
-            pdf.add_font("DejaVu", style, str(path))
-        self.family, self._cmap = "DejaVu", pdf.fonts["dejavu"].cmap
-
-    def __call__(self, text: str) -> str:
-        if self._cmap is None:
-            return text.translate(_ASCII_PUNCTUATION).encode("latin-1", "replace").decode("latin-1")
-        return "".join(c if ord(c) in self._cmap else "?" for c in text)
-
-
-def render_pdf(doc: InvoiceDocument, *, font_files: dict[str, Path] | Literal["auto"] | None = "auto") -> bytes:
-    """The invoice as PDF, in DejaVu Sans where the system has it (font_files: "auto" finds it; None forces
-    the Latin-1 core font). Characters the font cannot draw are printed as "?"."""
-    pdf = FPDF(orientation="P", unit="mm", format="A4")
-    printable = _PdfText(pdf, unicode_font_files() if font_files == "auto" else font_files)
-    pdf.set_title(printable(doc.title))
-    pdf.set_author(printable(doc.seller))
-    pdf.set_auto_page_break(auto=True, margin=15)
-    pdf.add_page()
-    pdf.set_font(printable.family, "B", 16)
-    pdf.cell(0, 10, printable(f"{doc.title} ({doc.status.upper()})"), new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font(printable.family, size=10)
-    header = [
-        f"From {doc.seller} to {doc.tenant_name} (tenant {doc.tenant_id})",
-        f"Period: {doc.period_label}",
-        f"Issued: {doc.issued_at:%Y-%m-%d %H:%M} UTC" if doc.issued_at else "Not issued: draft",
-        f"Requests: {doc.requests:,}",
-    ]
-    for text in header:
-        pdf.cell(0, 6, printable(text), new_x="LMARGIN", new_y="NEXT")
-    pdf.ln(4)
-    pdf.set_font(printable.family, size=9)
-    with pdf.table(
-        col_widths=(8, 52, 34, 30, 34, 26),
-        text_align=("RIGHT", "LEFT", "LEFT", "RIGHT", "RIGHT", "RIGHT"),
-        headings_style=FontFace(emphasis="BOLD"),
-        line_height=6,
-    ) as table:
-        table.row(["#", "Model", "Category", "Tokens", "USD / Mtok", "Amount"])
-        for line in doc.lines:
-            table.row(
-                [
-                    str(line.position),
-                    printable(line.model),
-                    CATEGORY_LABELS[line.category],
-                    f"{line.tokens:,}",
-                    str(line.unit_price_usd_per_mtok),
-                    format_usd(line.amount_cents),
-                ]
-            )
-    pdf.ln(3)
-    pdf.set_font(printable.family, "B", 11)
-    pdf.cell(0, 7, f"Total: {format_usd(doc.total_cents)}", align="R", new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font(printable.family, size=10)
-    for note in doc.credit_notes:
-        text = f"Credit note {note.number} ({note.reason}): -{format_usd(note.amount_cents)}"
-        pdf.cell(0, 6, printable(text), align="R", new_x="LMARGIN", new_y="NEXT")
-    if doc.credit_notes:
-        pdf.set_font(printable.family, "B", 11)
-        due = f"Amount due: {format_usd(doc.amount_due_cents)}"
-        pdf.cell(0, 7, due, align="R", new_x="LMARGIN", new_y="NEXT")
-        pdf.set_font(printable.family, size=10)
-    pdf.ln(4)
-    pdf.multi_cell(
-        0,
-        5,
-        f"Without prompt caching this usage would have cost {format_usd(doc.uncached_cents)}: "
-        f"caching saved {format_usd(doc.savings_cents)} ({doc.savings_percent}%).",
-    )
-    return bytes(pdf.output())
+def render_pdf(doc: InvoiceDocument) -> bytes:
+    """The same HTML as `render_html`, as an A4 PDF with page numbers."""
+    try:
+        import weasyprint
+    except OSError as exc:  # WeasyPrint loads Pango when imported
+        raise NotConfiguredError(
+            f"PDF invoices need Pango (Debian: apt-get install libpango-1.0-0 libpangoft2-1.0-0): {exc}"
+        ) from exc
+    html = weasyprint.HTML(string=render_html(doc), base_url=str(TEMPLATES))
+    return bytes(html.write_pdf() or b"")  # title and author come from the HTML's <title> and <meta>

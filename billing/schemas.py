@@ -315,7 +315,10 @@ class InvoiceOut(BaseModel):
     number: str | None
     currency: str
     requests: int
+    subtotal_usd: str
+    tax_usd: str
     total_usd: str
+    exact_usage_usd: str
     uncached_usd: str
     savings_usd: str
     savings_percent: str
@@ -323,6 +326,7 @@ class InvoiceOut(BaseModel):
     amount_due_usd: str
     created_at: datetime
     finalized_at: datetime | None
+    due_on: str | None = None
     paid_at: datetime | None
     stripe_invoice_id: str | None
     lines: list[LineOut] | None = None
@@ -340,14 +344,18 @@ class InvoiceOut(BaseModel):
             number=inv.number,
             currency=inv.currency,
             requests=comp.requests,
-            total_usd=cents_text(comp.total_cents),
+            subtotal_usd=cents_text(view.subtotal_cents),
+            tax_usd=cents_text(view.tax_cents),
+            total_usd=cents_text(view.total_cents),
+            exact_usage_usd=format_usd_exact(comp.exact_total_pico),
             uncached_usd=cents_text(comp.uncached_cents),
             savings_usd=cents_text(comp.savings_cents),
             savings_percent=str(comp.savings_percent),
             credited_usd=cents_text(view.credited_cents),
-            amount_due_usd=cents_text(comp.total_cents - view.credited_cents),
+            amount_due_usd=cents_text(view.amount_due_cents),
             created_at=inv.created_at,
             finalized_at=inv.finalized_at,
+            due_on=inv.due_on.isoformat() if inv.due_on else None,
             paid_at=inv.paid_at,
             stripe_invoice_id=inv.stripe_invoice_id,
             lines=[

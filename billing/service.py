@@ -360,6 +360,8 @@ class BillingService:
                         invoice_id=invoice_id,
                         number_prefix=self.settings.invoice_number_prefix,
                         now=now,
+                        seller=self.settings.seller_profile(),
+                        payment_terms_days=self.settings.payment_terms_days,
                     )
                     await session.commit()
                 except (invoices.InvoiceStateError, sa_exc.IntegrityError):

@@ -14,7 +14,9 @@ router = APIRouter()
 
 @router.get("/invoices/{invoice_id}/pdf", response_class=Response)
 async def get_invoice_pdf(invoice_id: InvoiceId, session: SessionDep, settings: SettingsDep) -> Response:
-    document = await operations.invoice_document(session=session, invoice_id=invoice_id, seller=settings.seller_name)
+    document = await operations.invoice_document(
+        session=session, invoice_id=invoice_id, seller=settings.seller_name, settings=settings
+    )
     name = document.number or f"draft-{invoice_id}"
     headers = {"content-disposition": f'inline; filename="{name}.pdf"'}
     return Response(render_pdf(document), media_type="application/pdf", headers=headers)
@@ -22,5 +24,7 @@ async def get_invoice_pdf(invoice_id: InvoiceId, session: SessionDep, settings: 
 
 @router.get("/invoices/{invoice_id}/html", response_class=HTMLResponse)
 async def get_invoice_html(invoice_id: InvoiceId, session: SessionDep, settings: SettingsDep) -> HTMLResponse:
-    document = await operations.invoice_document(session=session, invoice_id=invoice_id, seller=settings.seller_name)
+    document = await operations.invoice_document(
+        session=session, invoice_id=invoice_id, seller=settings.seller_name, settings=settings
+    )
     return HTMLResponse(render_html(document))

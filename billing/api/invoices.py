@@ -43,7 +43,10 @@ async def get_invoice(invoice_id: InvoiceId, session: SessionDep) -> InvoiceOut:
 async def finalize(invoice_id: InvoiceId, session: SessionDep, settings: SettingsDep) -> InvoiceOut:
     prefix = settings.invoice_number_prefix
     return InvoiceOut.of(
-        await operations.finalize_invoice(session=session, invoice_id=invoice_id, number_prefix=prefix), detail=True
+        await operations.finalize_invoice(
+            session=session, invoice_id=invoice_id, number_prefix=prefix, settings=settings
+        ),
+        detail=True,
     )
 
 

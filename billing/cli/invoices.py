@@ -63,7 +63,10 @@ async def _show(service: BillingService, args: argparse.Namespace) -> None:
 async def _finalize(service: BillingService, args: argparse.Namespace) -> None:
     async with service.sessions() as session:
         view = await operations.finalize_invoice(
-            session=session, invoice_id=args.invoice_id, number_prefix=service.settings.invoice_number_prefix
+            session=session,
+            invoice_id=args.invoice_id,
+            number_prefix=service.settings.invoice_number_prefix,
+            settings=service.settings,
         )
     print(f"invoice {view.invoice.id} finalized as {view.invoice.number}: {view.computation.total_cents / 100:.2f} USD")
 
@@ -79,7 +82,7 @@ async def _finalize_due(service: BillingService, args: argparse.Namespace) -> No
 async def _render(service: BillingService, args: argparse.Namespace) -> None:
     async with service.sessions() as session:
         document = await operations.invoice_document(
-            session=session, invoice_id=args.invoice_id, seller=service.settings.seller_name
+            session=session, invoice_id=args.invoice_id, seller=service.settings.seller_name, settings=service.settings
         )
     out = args.out or Path(f"{document.number or f'draft-{document.invoice_id}'}.{args.format}")
     if args.format == "pdf":

@@ -4,7 +4,8 @@ Revision ID: 0004_billing_profiles
 Revises: 0003_dashboard
 
 `billing_profiles` holds a tenant's buyer block and tax treatment. Invoices gain `tax_cents`,
-`due_on` and `parties_json` (buyer, seller and tax treatment copied at finalization); older
+`due_on`, `parties_json` (buyer, seller and tax treatment copied at finalization) and
+`exact_uncached_pico` (so the savings percentage comes from exact amounts); older
 finalized invoices keep NULLs and are shown as they were issued (no tax, no due date).
 `stripe_credit_notes` records which credit notes Stripe has.
 """
@@ -60,10 +61,12 @@ def upgrade() -> None:
     op.add_column("invoices", sa.Column("tax_cents", sa.BigInteger(), nullable=True))
     op.add_column("invoices", sa.Column("due_on", sa.Date(), nullable=True))
     op.add_column("invoices", sa.Column("parties_json", sa.Text(), nullable=True))
+    op.add_column("invoices", sa.Column("exact_uncached_pico", sa.BigInteger(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("invoices", schema=None, recreate="never") as batch_op:
+        batch_op.drop_column("exact_uncached_pico")
         batch_op.drop_column("parties_json")
         batch_op.drop_column("due_on")
         batch_op.drop_column("tax_cents")

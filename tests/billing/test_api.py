@@ -120,15 +120,20 @@ async def test_invoice_routes(api, sessions):
     invoice_id = listed[0]["id"]
     shown = (await api.get(f"/admin/v1/invoices/{invoice_id}")).json()
     assert Decimal(shown["total_usd"]) == sum(Decimal(line["amount_usd"]) for line in shown["lines"])
+    draft_pdf = await api.get(f"/admin/v1/invoices/{invoice_id}/pdf")
+    draft_text = "".join(p.extract_text() for p in PdfReader(io.BytesIO(draft_pdf.content)).pages)
+    assert draft_pdf.status_code == 200 and "DRAFT" in draft_text
     # March 2026 is over (the test clock is the real one), so it can be finalized now.
     r = await api.post(f"/admin/v1/invoices/{invoice_id}/finalize")
     assert r.status_code == 200 and r.json()["number"].startswith("KVG-")
+    assert r.json()["due_on"] is not None
     r = await api.post(f"/admin/v1/invoices/{invoice_id}/finalize")
     assert r.status_code == 409 and r.json()["error"]["type"] == "conflict_error"
     pdf = await api.get(f"/admin/v1/invoices/{invoice_id}/pdf")
-    text = "".join(p.extract_text() for p in PdfReader(io.BytesIO(pdf.content)).pages)
+    text = " ".join(" ".join(p.extract_text() for p in PdfReader(io.BytesIO(pdf.content)).pages).split())
     total = Decimal(shown["total_usd"])
-    assert pdf.headers["content-type"] == "application/pdf" and f"Total: ${total:,.2f}" in text
+    assert pdf.headers["content-type"] == "application/pdf" and f"Total ${total:,.2f}" in text
+    assert "DRAFT" not in text
     html = await api.get(f"/admin/v1/invoices/{invoice_id}/html")
     assert f"${total:,.2f}" in html.text
     r = await api.post(f"/admin/v1/invoices/{invoice_id}/credit-notes", json={"amount_usd": "0.01", "reason": "sorry"})

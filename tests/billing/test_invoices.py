@@ -218,7 +218,7 @@ async def test_finalized_invoice_is_numbered_frozen_and_renders(sessions, priced
     html = render_html(document)
     assert view.invoice.number in html and f"${draft_total // 100:,}.{draft_total % 100:02d}" in html
     pdf_text = "".join(page.extract_text() for page in PdfReader(io.BytesIO(render_pdf(document))).pages)
-    assert f"Total: ${draft_total // 100:,}.{draft_total % 100:02d}" in pdf_text
+    assert f"Subtotal ${draft_total // 100:,}.{draft_total % 100:02d}" in pdf_text
     assert view.invoice.number in pdf_text
 
 
