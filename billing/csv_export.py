@@ -1,4 +1,5 @@
-"""Usage as CSV: one row per ledger entry, amounts exact (never rounded) so the export re-adds."""
+"""Usage as CSV: one row per ledger entry, amounts exact (never rounded) so the export re-adds; and an invoice's
+lines as CSV (`kvgate invoices csv N`), with both the exact and the rounded amount of each line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ from dataclasses import dataclass, fields
 from datetime import date, datetime
 from typing import Any
 
-from billing.money import format_usd_exact
+from billing.invoice_lines import InvoiceLine
+from billing.money import cents_to_usd, format_usd_exact
+from kvgate.usage import CATEGORY_LABELS
 
 CSV_COLUMNS = (
     "request_id",
@@ -87,3 +90,40 @@ def iter_csv(rows: Iterable[UsageRow]) -> Iterator[str]:
             buffer.seek(0)
             buffer.truncate()
     yield buffer.getvalue()
+
+
+INVOICE_LINE_COLUMNS = (
+    "invoice",
+    "position",
+    "model",
+    "category",
+    "description",
+    "price_version_id",
+    "tokens",
+    "unit_price_usd_per_mtok",
+    "exact_amount_usd",
+    "amount_usd",
+)
+
+
+def invoice_lines_csv(*, invoice: str, lines: Iterable[InvoiceLine]) -> str:
+    """One row per invoice line: tokens, unit price, the exact amount and the amount charged (rounded once)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(INVOICE_LINE_COLUMNS)
+    for line in lines:
+        writer.writerow(
+            [
+                invoice,
+                line.position,
+                line.model,
+                line.category.value,
+                CATEGORY_LABELS[line.category],
+                line.price_version_id,
+                line.tokens,
+                str(line.unit_price_usd_per_mtok),
+                format_usd_exact(line.exact_amount_pico),
+                str(cents_to_usd(line.amount_cents)),
+            ]
+        )
+    return buffer.getvalue()

@@ -34,7 +34,8 @@ DRAFT = "draft"
 FINALIZED = "finalized"
 PAID = "paid"
 PAYMENT_FAILED = "payment_failed"
-STATUSES = (DRAFT, FINALIZED, PAID, PAYMENT_FAILED)
+VOID = "void"
+STATUSES = (DRAFT, FINALIZED, PAID, PAYMENT_FAILED, VOID)
 
 
 class InvoiceError(BillingDomainError):
@@ -303,14 +304,22 @@ async def due_for_finalization(*, session: AsyncSession, now: datetime, grace: t
     return sorted(invoice_id for invoice_id, month in drafts if finalizable_at(month, grace) <= now)
 
 
-async def set_payment_status(*, session: AsyncSession, invoice_id: int, paid: bool, at: datetime) -> Invoice:
-    """Record a payment outcome (from Stripe); a paid invoice stays paid."""
+async def set_payment_status(
+    *, session: AsyncSession, invoice_id: int, paid: bool, at: datetime, voided: bool = False
+) -> Invoice:
+    """Record a payment outcome (from Stripe): paid, failed, or voided; a paid or void invoice stays so."""
     invoice = await get_invoice(session=session, invoice_id=invoice_id, for_update=True)
     if invoice.status == DRAFT:
         raise InvoiceStateError(f"invoice {invoice_id} is a draft; only finalized invoices are paid")
-    if invoice.status == PAID:
+    if invoice.status in (PAID, VOID):
         return invoice
-    values = {"status": PAID, "paid_at": at} if paid else {"status": PAYMENT_FAILED, "payment_failed_at": at}
+    values: dict[str, object]
+    if voided:
+        values = {"status": VOID}
+    elif paid:
+        values = {"status": PAID, "paid_at": at}
+    else:
+        values = {"status": PAYMENT_FAILED, "payment_failed_at": at}
     await session.execute(update(Invoice).where(Invoice.id == invoice_id).values(**values))
     return await get_invoice(session=session, invoice_id=invoice_id)
 

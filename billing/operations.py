@@ -11,6 +11,8 @@ from __future__ import annotations
 from datetime import date
 from pathlib import Path
 
+import stripe
+import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import budgets, catalog, credit_notes, invoices, profiles, stripe_sync
@@ -23,6 +25,8 @@ from billing.render import InvoiceDocument
 from billing.settings import BillingSettings
 from billing.settlement import Settlement, reverse_charge
 from kvgate.tenancy import ApiKey, Tenant
+
+log = structlog.get_logger(__name__)
 
 # -- usage ------------------------------------------------------------------------------------
 
@@ -181,3 +185,33 @@ async def push_to_stripe(
     return await stripe_sync.push_invoice(
         sessions=sessions, client=client, invoice_id=invoice_id, currency=settings.stripe_currency
     )
+
+
+async def push_due(
+    *, sessions: async_sessionmaker[AsyncSession], settings: BillingSettings
+) -> list[stripe_sync.PushResult]:
+    """Catch up with Stripe: every finalized invoice not yet pushed, and every credit note not yet there."""
+    client = stripe_sync.client_from_settings(settings)
+    if client is None:
+        raise NotConfiguredError("Stripe is not configured: set STRIPE_API_KEY")
+    return await stripe_sync.push_due(sessions=sessions, client=client, currency=settings.stripe_currency)
+
+
+async def auto_push(
+    *, sessions: async_sessionmaker[AsyncSession], settings: BillingSettings, invoice_id: int
+) -> stripe_sync.PushResult | None:
+    """With KVGATE_STRIPE_AUTO_PUSH (and Stripe configured): push a just finalized or credited invoice.
+
+    A failure is logged, not raised: the finalization or credit note stands, and `push-due` (or the
+    next auto push) catches up.
+    """
+    client = stripe_sync.client_from_settings(settings)
+    if not settings.stripe_auto_push or client is None:
+        return None
+    try:
+        return await stripe_sync.push_invoice(
+            sessions=sessions, client=client, invoice_id=invoice_id, currency=settings.stripe_currency
+        )
+    except (stripe.StripeError, stripe_sync.StripeSyncError, OSError) as exc:
+        log.warning("stripe.auto_push_failed", invoice_id=invoice_id, error=str(exc))
+        return None

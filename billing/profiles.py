@@ -66,6 +66,8 @@ class TaxTreatment:
     note: str | None = None
 
     def __post_init__(self) -> None:
+        if self.rate_percent is not None and not isinstance(self.rate_percent, Decimal):
+            object.__setattr__(self, "rate_percent", Decimal(str(self.rate_percent)))  # 19 -> Decimal("19")
         if self.treatment not in TREATMENTS:
             raise BillingProfileError(f"tax.treatment must be one of {', '.join(TREATMENTS)}", field="tax.treatment")
         if self.treatment == "standard":

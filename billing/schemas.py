@@ -391,6 +391,8 @@ class StripePushOut(BaseModel):
     stripe_invoice_id: str
     items_created: int
     items_existing: int
+    credit_notes_created: int = 0
+    amount_due_cents: int | None = None
 
 
 class SpoolOut(BaseModel):

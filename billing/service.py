@@ -19,7 +19,7 @@ from prometheus_client import Counter
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog, invoices
+from billing import budgets, catalog, invoices, operations
 from billing.budgets import BudgetExceededError, Reservation
 from billing.ledger import UsageCharge
 from billing.outage_budgets import BudgetUnknownError, OutageBudgets
@@ -368,6 +368,7 @@ class BillingService:
                     continue  # another process finalized it first
             views.append(view)
             log.info("billing.invoice_finalized", invoice_id=invoice_id, number=view.invoice.number)
+            await operations.auto_push(sessions=self.sessions, settings=self.settings, invoice_id=invoice_id)
         return views
 
     async def run_upkeep(self, stop: asyncio.Event) -> None:

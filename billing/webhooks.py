@@ -23,6 +23,7 @@ from kvgate.db import insert_ignore, utcnow
 SOURCE = "stripe"
 PAID_EVENTS = frozenset({"invoice.paid", "invoice.payment_succeeded"})
 FAILED_EVENTS = frozenset({"invoice.payment_failed"})
+VOIDED_EVENTS = frozenset({"invoice.voided"})
 
 
 # Stripe's ids are short ASCII; anything longer or stranger is not a Stripe event.
@@ -96,7 +97,7 @@ async def handle_stripe_webhook(
 
 async def _apply(session: AsyncSession, event: dict[str, Any]) -> str:
     kind = event["type"]
-    if kind not in PAID_EVENTS | FAILED_EVENTS:
+    if kind not in PAID_EVENTS | FAILED_EVENTS | VOIDED_EVENTS:
         return "ignored"
     data = event.get("data")
     obj = data.get("object") if isinstance(data, dict) else None
@@ -107,7 +108,7 @@ async def _apply(session: AsyncSession, event: dict[str, Any]) -> str:
         return "unknown invoice"
     try:
         invoice = await set_payment_status(
-            session=session, invoice_id=invoice_id, paid=kind in PAID_EVENTS, at=utcnow()
+            session=session, invoice_id=invoice_id, paid=kind in PAID_EVENTS, at=utcnow(), voided=kind in VOIDED_EVENTS
         )
     except InvoiceStateError as exc:
         return f"refused: {exc}"

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from billing import credit_notes, operations
-from billing.api.deps import MAX_ID, SessionDep, SettingsDep
+from billing.api.deps import MAX_ID, ServiceDep, SessionDep
 from billing.money import parse_usd
 from billing.schemas import CreditNoteIn, CreditNoteList, CreditNoteOut
 
@@ -16,8 +16,9 @@ router = APIRouter()
 
 @router.post("/invoices/{invoice_id}/credit-notes", status_code=201, response_model=CreditNoteOut)
 async def post_credit_note(
-    invoice_id: int, body: CreditNoteIn, session: SessionDep, settings: SettingsDep
+    invoice_id: int, body: CreditNoteIn, session: SessionDep, service: ServiceDep
 ) -> CreditNoteOut:
+    settings = service.settings
     note = await operations.issue_credit_note(
         session=session,
         invoice_id=invoice_id,
@@ -25,6 +26,7 @@ async def post_credit_note(
         reason=body.reason,
         number_prefix=settings.invoice_number_prefix,
     )
+    await operations.auto_push(sessions=service.sessions, settings=settings, invoice_id=invoice_id)
     return CreditNoteOut.of(note)
 
 

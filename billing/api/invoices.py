@@ -1,4 +1,4 @@
-"""Admin: monthly invoices, under /admin/v1/invoices: list, show, finalize, push to Stripe."""
+"""Admin: monthly invoices, under /admin/v1/invoices: list, show, finalize, push to Stripe (one, or all due)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from billing import invoices, operations
-from billing.api.deps import InvoiceId, ServiceDep, SessionDep, SettingsDep
+from billing.api.deps import InvoiceId, ServiceDep, SessionDep
 from billing.periods import parse_month
 from billing.schemas import FinalizeDueOut, InvoiceList, InvoiceOut, StripePushOut
 
@@ -18,7 +18,7 @@ router = APIRouter()
 async def get_invoices(
     session: SessionDep,
     tenant_id: Annotated[str | None, Query(max_length=40)] = None,
-    status: Literal["draft", "finalized", "paid", "payment_failed"] | None = None,
+    status: Literal["draft", "finalized", "paid", "payment_failed", "void"] | None = None,
     month: Annotated[str | None, Query(description="YYYY-MM")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
@@ -40,20 +40,27 @@ async def get_invoice(invoice_id: InvoiceId, session: SessionDep) -> InvoiceOut:
 
 
 @router.post("/invoices/{invoice_id}/finalize", response_model=InvoiceOut)
-async def finalize(invoice_id: InvoiceId, session: SessionDep, settings: SettingsDep) -> InvoiceOut:
+async def finalize(invoice_id: InvoiceId, session: SessionDep, service: ServiceDep) -> InvoiceOut:
+    settings = service.settings
     prefix = settings.invoice_number_prefix
-    return InvoiceOut.of(
-        await operations.finalize_invoice(
-            session=session, invoice_id=invoice_id, number_prefix=prefix, settings=settings
-        ),
-        detail=True,
+    view = await operations.finalize_invoice(
+        session=session, invoice_id=invoice_id, number_prefix=prefix, settings=settings
     )
+    if await operations.auto_push(sessions=service.sessions, settings=settings, invoice_id=invoice_id):
+        view = await invoices.view_invoice(session=session, invoice_id=invoice_id)
+    return InvoiceOut.of(view, detail=True)
 
 
 @router.post("/invoices/finalize-due", response_model=FinalizeDueOut)
 async def finalize_due(service: ServiceDep) -> FinalizeDueOut:
     views = await service.finalize_due_invoices()
     return FinalizeDueOut(finalized=[InvoiceOut.of(v, detail=False) for v in views])
+
+
+@router.post("/invoices/stripe/push-due", response_model=list[StripePushOut])
+async def push_due(service: ServiceDep) -> list[StripePushOut]:
+    results = await operations.push_due(sessions=service.sessions, settings=service.settings)
+    return [StripePushOut(**result.__dict__) for result in results]
 
 
 @router.post("/invoices/{invoice_id}/stripe", response_model=StripePushOut)

@@ -35,6 +35,7 @@ async def _create(service: BillingService, args: argparse.Namespace) -> None:
             number_prefix=service.settings.invoice_number_prefix,
         )
     print(f"credit note {note.number}: {note.amount_cents / 100:.2f} USD against invoice {note.invoice_id}")
+    await operations.auto_push(sessions=service.sessions, settings=service.settings, invoice_id=note.invoice_id)
 
 
 async def _list(service: BillingService, args: argparse.Namespace) -> None:

@@ -1,4 +1,4 @@
-"""`kvgate invoices list|show|finalize|push|finalize-due|pdf|html`: monthly invoices."""
+"""`kvgate invoices list|show|finalize|push|push-due|finalize-due|pdf|html|csv`: monthly invoices."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from billing import invoices, operations
 from billing.cli.common import command, group, json_flag, print_json, table
+from billing.csv_export import invoice_lines_csv
 from billing.periods import parse_month
 from billing.render import render_html, render_pdf
 from billing.schemas import InvoiceOut
@@ -32,6 +33,13 @@ def register(subparsers: Any) -> None:
     inv.add_parser("finalize-due", help="finalize every draft past month end plus the grace period").set_defaults(
         handler=command(_finalize_due)
     )
+    inv.add_parser(
+        "push-due", help="push every finalized invoice and credit note not yet in Stripe (catch-up)"
+    ).set_defaults(handler=command(_push_due))
+    sub = inv.add_parser("csv", help="an invoice's lines as CSV (exact and charged amounts)")
+    sub.add_argument("invoice_id", type=int)
+    sub.add_argument("--out", type=Path, help="default: standard output")
+    sub.set_defaults(handler=command(_csv))
     for fmt in ("pdf", "html"):
         sub = inv.add_parser(fmt, help=f"write an invoice as {fmt.upper()}")
         sub.add_argument("invoice_id", type=int)
@@ -68,7 +76,8 @@ async def _finalize(service: BillingService, args: argparse.Namespace) -> None:
             number_prefix=service.settings.invoice_number_prefix,
             settings=service.settings,
         )
-    print(f"invoice {view.invoice.id} finalized as {view.invoice.number}: {view.computation.total_cents / 100:.2f} USD")
+    print(f"invoice {view.invoice.id} finalized as {view.invoice.number}: {view.total_cents / 100:.2f} USD")
+    await operations.auto_push(sessions=service.sessions, settings=service.settings, invoice_id=view.invoice.id)
 
 
 async def _finalize_due(service: BillingService, args: argparse.Namespace) -> None:
@@ -100,3 +109,25 @@ async def _push(service: BillingService, args: argparse.Namespace) -> None:
         f"invoice {result.invoice_id} -> Stripe {result.stripe_invoice_id} (customer {result.stripe_customer_id}): "
         f"{result.items_created} items created, {result.items_existing} already there"
     )
+
+
+async def _push_due(service: BillingService, args: argparse.Namespace) -> None:
+    results = await operations.push_due(sessions=service.sessions, settings=service.settings)
+    for r in results:
+        print(
+            f"invoice {r.invoice_id} -> Stripe {r.stripe_invoice_id}: {r.items_created} items, "
+            f"{r.credit_notes_created} credit notes created; amount due in Stripe {r.amount_due_cents} cents"
+        )
+    print(f"{len(results)} invoices pushed")
+
+
+async def _csv(service: BillingService, args: argparse.Namespace) -> None:
+    async with service.sessions() as session:
+        view = await invoices.view_invoice(session=session, invoice_id=args.invoice_id)
+    name = view.invoice.number or f"draft-{view.invoice.id}"
+    text = invoice_lines_csv(invoice=name, lines=view.computation.lines)
+    if args.out is None:
+        print(text, end="")
+        return
+    args.out.write_text(text)
+    print(f"wrote {args.out}")

@@ -339,6 +339,20 @@ async def test_webhook_marks_failed_payments(api, sessions):
     assert r.json()["outcome"] == "ignored"
 
 
+async def test_webhook_voids_an_invoice_and_a_void_invoice_stays_void(api, sessions):
+    tenant, _, _ = await seed_usage(api, sessions, n=2)
+    (invoice,) = (await api.get("/admin/v1/invoices", params={"tenant_id": tenant})).json()["data"]
+    await api.post(f"/admin/v1/invoices/{invoice['id']}/finalize")
+    obj = {"id": "in_v", "metadata": {"kvgate_invoice_id": str(invoice["id"])}}
+    for n, kind in enumerate(("invoice.voided", "invoice.paid")):
+        body = json.dumps({"id": f"evt_v{n}_{tenant}", "type": kind, "data": {"object": obj}}).encode()
+        r = await api.post("/webhooks/stripe", content=body, headers={"stripe-signature": sign(body)})
+        assert r.status_code == 200 and r.json()["outcome"] == f"invoice {invoice['id']} void"
+    assert (await api.get(f"/admin/v1/invoices/{invoice['id']}")).json()["status"] == "void"
+    listed = (await api.get("/admin/v1/invoices", params={"tenant_id": tenant, "status": "void"})).json()["data"]
+    assert [i["id"] for i in listed] == [invoice["id"]]
+
+
 json_values = st.recursive(
     st.none()
     | st.booleans()

@@ -95,6 +95,17 @@ def test_invoice_commands(db, capsys, tmp_path):
     assert shown["amount_due_usd"] == "4.00" and len(shown["lines"]) == 4
     code, _, err = run(capsys, "invoices", "push", str(invoice["id"]))
     assert code == 1 and "STRIPE_API_KEY" in err
+    code, _, err = run(capsys, "invoices", "push-due")
+    assert code == 1 and "STRIPE_API_KEY" in err
+    code, out, _ = run(capsys, "invoices", "csv", str(invoice["id"]))
+    rows = list(csv.DictReader(out.splitlines()))
+    assert code == 0 and len(rows) == 4 and {r["invoice"] for r in rows} == {shown["number"]}
+    assert sum(Decimal(r["amount_usd"]) for r in rows) == Decimal("4.35")
+    assert [r["amount_usd"] for r in rows] == [line["amount_usd"] for line in shown["lines"]]
+    assert [r["exact_amount_usd"] for r in rows] == [line["exact_amount_usd"] for line in shown["lines"]]
+    code, out, _ = run(capsys, "invoices", "csv", str(invoice["id"]), "--out", str(tmp_path / "lines.csv"))
+    assert code == 0 and (tmp_path / "lines.csv").read_text().startswith("invoice,position,model")
+    assert run(capsys, "invoices", "csv", "999999")[0] == 1
 
 
 def test_budget_price_and_spool_commands(db, capsys):

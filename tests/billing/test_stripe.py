@@ -1,4 +1,5 @@
-"""Stripe, against localstripe: one customer per tenant, items equal to our lines, pushing again is a no-op."""
+"""Stripe, against localstripe: one customer per tenant (with its billing profile), items equal to our lines and tax,
+credit notes as Stripe credit notes, pushing again is a no-op, and Stripe's amount due always equals ours."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import stripe
 
-from billing import stripe_sync
+from billing import operations, stripe_sync
+from billing.credit_notes import issue_credit_note
 from billing.invoices import InvoiceStateError, finalize_invoice, list_invoices, view_invoice
 from billing.ledger import UsageCharge
+from billing.profiles import Address, BillingProfile, TaxId, TaxTreatment, set_profile
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
 from kvgate.usage import TokenCounts
@@ -24,10 +27,14 @@ def client_for(url: str) -> stripe.StripeClient:
     return client
 
 
-async def finalized_invoice(sessions, pricebook, *, month: int, n: int = 12) -> tuple[str, int]:
+async def finalized_invoice(
+    sessions, pricebook, *, month: int, n: int = 12, profile: BillingProfile | None = None
+) -> tuple[str, int]:
     tenant, (key,) = await make_tenant(sessions)
     rng = random.Random(month)
     async with sessions() as session:
+        if profile is not None:
+            await set_profile(session=session, tenant_id=tenant, profile=profile)
         for i in range(n):
             started = datetime(2026, month, 1, tzinfo=UTC) + timedelta(hours=rng.randrange(600))
             counts = TokenCounts(
@@ -151,3 +158,143 @@ async def test_drafts_are_not_pushed(sessions, pricebook, localstripe_url):
 
 def test_no_client_without_an_api_key():
     assert stripe_sync.client_from_settings(BillingSettings(stripe_api_key=None)) is None
+
+
+GERMAN = BillingProfile(
+    legal_name="Beispiel GmbH",
+    email="rechnung@beispiel.test",
+    address=Address(line1="Hauptstraße 1", city="Berlin", postal_code="10115", country="DE"),
+    tax_id=TaxId(type="eu_vat", value="DE123456789"),
+    tax=TaxTreatment(treatment="standard", rate_percent=19),
+)
+
+
+async def kvgate_due(sessions, invoice_id: int) -> int:
+    async with sessions() as session:
+        return (await view_invoice(session=session, invoice_id=invoice_id)).amount_due_cents
+
+
+async def credit(sessions, invoice_id: int, cents: int) -> None:
+    async with sessions() as session:
+        await issue_credit_note(
+            session=session, invoice_id=invoice_id, amount_cents=cents, reason="outage", number_prefix="STR"
+        )
+        await session.commit()
+
+
+async def test_customer_carries_the_billing_profile_and_tax_is_an_item(sessions, pricebook, localstripe_url):
+    client = client_for(localstripe_url)
+    tenant, invoice_id = await finalized_invoice(sessions, pricebook, month=6, profile=GERMAN)
+    result = await stripe_sync.push_invoice(sessions=sessions, client=client, invoice_id=invoice_id)
+    customer = client.v1.customers.retrieve(result.stripe_customer_id)
+    assert customer.name == "Beispiel GmbH" and customer.email == "rechnung@beispiel.test"
+    assert customer.address.city == "Berlin" and customer.address.country == "DE"
+    tax_ids = client.v1.customers.tax_ids.list(result.stripe_customer_id).data
+    assert [(t.type, t.value) for t in tax_ids] == [("eu_vat", "DE123456789")]
+    async with sessions() as session:
+        view = await view_invoice(session=session, invoice_id=invoice_id)
+    remote = client.v1.invoices.retrieve(result.stripe_invoice_id)
+    assert view.tax_cents > 0 and remote.total == view.total_cents == view.subtotal_cents + view.tax_cents
+    assert remote.amount_due == result.amount_due_cents == view.amount_due_cents
+    # An edited profile reaches the customer on the next push; the tax ID is added, not duplicated.
+    async with sessions() as session:
+        new_address = Address(line1="Neue Straße 2", city="Hamburg", postal_code="20095", country="DE")
+        edited = BillingProfile(
+            legal_name="Beispiel AG",
+            email="ap@beispiel.test",
+            address=new_address,
+            tax_id=GERMAN.tax_id,
+            tax=GERMAN.tax,
+        )
+        await set_profile(session=session, tenant_id=tenant, profile=edited)
+        await session.commit()
+    await stripe_sync.push_invoice(sessions=sessions, client=client, invoice_id=invoice_id)
+    customer = client.v1.customers.retrieve(result.stripe_customer_id)
+    assert (customer.name, customer.email, customer.address.city) == ("Beispiel AG", "ap@beispiel.test", "Hamburg")
+    assert len(client.v1.customers.tax_ids.list(result.stripe_customer_id).data) == 1
+
+
+async def test_a_credit_note_lowers_the_stripe_amount_due(sessions, pricebook, localstripe_url):
+    client = client_for(localstripe_url)
+    _, invoice_id = await finalized_invoice(sessions, pricebook, month=7)
+    first = await stripe_sync.push_invoice(sessions=sessions, client=client, invoice_id=invoice_id)
+    before = client.v1.invoices.retrieve(first.stripe_invoice_id).amount_due
+    assert before == await kvgate_due(sessions, invoice_id) > 1
+    await credit(sessions, invoice_id, 1)
+    assert client.v1.invoices.retrieve(first.stripe_invoice_id).amount_due == before  # not pushed yet
+    again = await stripe_sync.push_invoice(sessions=sessions, client=client, invoice_id=invoice_id)
+    assert again.credit_notes_created == 1
+    after = client.v1.invoices.retrieve(first.stripe_invoice_id).amount_due
+    assert after == before - 1 == await kvgate_due(sessions, invoice_id)
+    notes = client.v1.credit_notes.list(params={"invoice": first.stripe_invoice_id}).data
+    assert [(n.amount, n.metadata["kvgate_credit_note_id"] != "") for n in notes] == [(1, True)]
+
+
+async def test_amount_due_agrees_after_any_sequence_of_finalize_credit_and_push(sessions, pricebook, localstripe_url):
+    client = client_for(localstripe_url)
+    rng = random.Random(2026)
+    for month, profile in ((8, GERMAN), (9, None)):
+        _, invoice_id = await finalized_invoice(sessions, pricebook, month=month, profile=profile)
+        pushed = None
+        for _ in range(8):
+            step = rng.choice(["credit", "push", "push", "credit-push"])
+            due = await kvgate_due(sessions, invoice_id)
+            if step.startswith("credit") and due > 1:
+                await credit(sessions, invoice_id, rng.randrange(1, max(2, due // 4)))
+            if step.endswith("push") or (pushed is None and step == "push"):
+                pushed = await stripe_sync.push_invoice(sessions=sessions, client=client, invoice_id=invoice_id)
+                remote = client.v1.invoices.retrieve(pushed.stripe_invoice_id)
+                assert remote.amount_due == pushed.amount_due_cents == await kvgate_due(sessions, invoice_id)
+        final = await stripe_sync.push_invoice(sessions=sessions, client=client, invoice_id=invoice_id)
+        assert final.items_created == final.credit_notes_created == 0 or pushed is None
+        remote = client.v1.invoices.retrieve(final.stripe_invoice_id)
+        assert remote.amount_due == await kvgate_due(sessions, invoice_id)
+        async with sessions() as session:
+            view = await view_invoice(session=session, invoice_id=invoice_id)
+        notes = client.v1.credit_notes.list(params={"invoice": final.stripe_invoice_id, "limit": 100}).data
+        assert sorted(n.amount for n in notes) == sorted(n.amount_cents for n in view.credit_notes)
+
+
+async def test_auto_push_on_finalize_and_push_due_catches_up(sessions, pricebook, localstripe_url, tmp_path):
+    settings = BillingSettings(
+        stripe_api_key="sk_test_kvgate", stripe_api_base=localstripe_url, stripe_auto_push=True, spool_path=tmp_path
+    )
+    client = client_for(localstripe_url)
+    # Auto push: finalizing through operations pushes at once.
+    tenant, (key,) = await make_tenant(sessions)
+    started = datetime(2026, 10, 3, tzinfo=UTC)
+    async with sessions() as session:
+        charge = UsageCharge(
+            request_id=f"{tenant}-a",
+            tenant_id=tenant,
+            api_key_id=key,
+            model="m-test",
+            endpoint="messages",
+            status="ok",
+            started_at=started,
+            counts=TokenCounts(input=200_000, output=30_000),
+        )
+        version = pricebook.price_for("m-test", started)
+        await settle_charge(session=session, charge=charge, version=version, source="live", now=started)
+        await session.commit()
+        (invoice,) = await list_invoices(session=session, tenant_id=tenant)
+        await operations.finalize_invoice(
+            session=session, invoice_id=invoice.id, number_prefix="AUT", settings=settings
+        )
+    pushed = await operations.auto_push(sessions=sessions, settings=settings, invoice_id=invoice.id)
+    assert pushed is not None and pushed.amount_due_cents == await kvgate_due(sessions, invoice.id)
+    # Without the setting nothing is pushed.
+    off = settings.model_copy(update={"stripe_auto_push": False})
+    assert await operations.auto_push(sessions=sessions, settings=off, invoice_id=invoice.id) is None
+    # push-due: an invoice finalized but never pushed, and a credit note issued while Stripe was not told.
+    _, missed = await finalized_invoice(sessions, pricebook, month=11)
+    await credit(sessions, invoice.id, 2)
+    results = {r.invoice_id: r for r in await operations.push_due(sessions=sessions, settings=settings)}
+    assert missed in results and invoice.id in results and results[invoice.id].credit_notes_created == 1
+    for invoice_id, result in results.items():
+        assert client.v1.invoices.retrieve(result.stripe_invoice_id).amount_due == await kvgate_due(
+            sessions, invoice_id
+        )
+    assert not {missed, invoice.id} & {
+        r.invoice_id for r in await operations.push_due(sessions=sessions, settings=settings)
+    }
