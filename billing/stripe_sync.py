@@ -356,7 +356,8 @@ async def _create_invoice(
             .values(stripe_invoice_id=created.id, stripe_pushed_at=utcnow())
         )
         await session.commit()
-    stripe_total = sum(line.amount for line in created.lines.data)
+    # The invoice's total, not a sum over `lines.data`: that is only the first page (10) of its lines.
+    stripe_total = created.total
     if stripe_total != expected_cents:
         raise StripeSyncError(f"Stripe invoice {created.id} totals {stripe_total} cents, ours {expected_cents}")
     return created.id

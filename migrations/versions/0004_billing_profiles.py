@@ -7,7 +7,8 @@ Revises: 0003_dashboard
 `due_on`, `parties_json` (buyer, seller and tax treatment copied at finalization) and
 `exact_uncached_pico` (so the savings percentage comes from exact amounts); older
 finalized invoices keep NULLs and are shown as they were issued (no tax, no due date).
-`stripe_credit_notes` records which credit notes Stripe has.
+`stripe_credit_notes` records which credit notes Stripe has. The invoice freeze of 0002 is
+extended to the new columns: once finalized, tax, due date and parties never change.
 """
 
 from __future__ import annotations
@@ -23,6 +24,45 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 Timestamp = sa.DateTime(timezone=True)
+# 0002's frozen columns, and those this revision adds.
+FROZEN_0002 = (
+    "tenant_id",
+    "period_start",
+    "number",
+    "currency",
+    "requests",
+    "total_cents",
+    "uncached_cents",
+    "finalized_at",
+)
+FROZEN_0004 = (*FROZEN_0002, "tax_cents", "due_on", "parties_json", "exact_uncached_pico")
+
+
+def _freeze(columns: Sequence[str]) -> None:
+    """(Re)define the invoice freeze of 0002 over `columns`."""
+    changed = " OR ".join(f"NEW.{c} IS DISTINCT FROM OLD.{c}" for c in columns)
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION kvgate_invoice_frozen() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF OLD.status <> 'draft' THEN
+                    IF TG_OP = 'DELETE' OR NEW.status = 'draft' OR {changed} THEN
+                        RAISE EXCEPTION 'invoice % is finalized and immutable', OLD.id;
+                    END IF;
+                END IF;
+                IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+                RETURN NEW;
+            END $$
+            """
+        )
+        return
+    op.execute("DROP TRIGGER invoices_frozen")
+    op.execute(
+        "CREATE TRIGGER invoices_frozen BEFORE UPDATE ON invoices "
+        f"WHEN OLD.status <> 'draft' AND (NEW.status = 'draft' OR {changed.replace('IS DISTINCT FROM', 'IS NOT')}) "
+        "BEGIN SELECT RAISE(ABORT, 'invoice is finalized and immutable'); END"
+    )
 
 
 def upgrade() -> None:
@@ -62,9 +102,11 @@ def upgrade() -> None:
     op.add_column("invoices", sa.Column("due_on", sa.Date(), nullable=True))
     op.add_column("invoices", sa.Column("parties_json", sa.Text(), nullable=True))
     op.add_column("invoices", sa.Column("exact_uncached_pico", sa.BigInteger(), nullable=True))
+    _freeze(FROZEN_0004)
 
 
 def downgrade() -> None:
+    _freeze(FROZEN_0002)
     with op.batch_alter_table("invoices", schema=None, recreate="never") as batch_op:
         batch_op.drop_column("exact_uncached_pico")
         batch_op.drop_column("parties_json")

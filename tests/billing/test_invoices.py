@@ -188,6 +188,9 @@ async def test_finalized_invoice_is_numbered_frozen_and_renders(sessions, priced
     for statement in (
         "UPDATE invoices SET total_cents = total_cents + 1 WHERE id = :i",
         "UPDATE invoices SET status = 'draft' WHERE id = :i",
+        "UPDATE invoices SET tax_cents = coalesce(tax_cents, 0) + 1 WHERE id = :i",
+        "UPDATE invoices SET parties_json = '{}' WHERE id = :i",
+        "UPDATE invoices SET due_on = NULL WHERE id = :i",
         "DELETE FROM invoices WHERE id = :i",
         "UPDATE invoice_lines SET amount_cents = 0 WHERE invoice_id = :i",
         "DELETE FROM invoice_lines WHERE invoice_id = :i",
