@@ -5,14 +5,20 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from starlette.responses import RedirectResponse, Response
 
+from gateway.api.deps import AdminDep
+from web.admin_api import router as admin_router
 from web.deps import LoginRequired, NotAllowed
 from web.pages import router as pages_router
 from web.rendering import WEB_DIR, StaticAssets, page
+from web.settings import WebSettings
 
 
-def install(app: FastAPI) -> None:
-    """Serve the dashboard from `app`: / and the pages under it, /static for its assets."""
+def install(app: FastAPI, settings: WebSettings | None = None) -> None:
+    """Serve the dashboard from `app`: / and the pages under it, /static for its assets, and the
+    members' admin API under /admin/v1 (behind the admin token)."""
+    app.state.web_settings = settings or WebSettings()
     app.include_router(pages_router)
+    app.include_router(admin_router, prefix="/admin/v1", dependencies=[AdminDep])
     app.mount("/static", StaticAssets(directory=WEB_DIR / "static"), name="static")
     app.add_exception_handler(LoginRequired, _login_required)
     app.add_exception_handler(NotAllowed, _not_allowed)
