@@ -7,7 +7,7 @@ from starlette.responses import RedirectResponse, Response
 
 from gateway.api.deps import AdminDep
 from web.admin_api import router as admin_router
-from web.deps import LoginRequired, NotAllowed
+from web.deps import LoginRequired, NotAllowed, PageNotFound
 from web.pages import router as pages_router
 from web.rendering import WEB_DIR, StaticAssets, page
 from web.settings import WebSettings
@@ -22,6 +22,7 @@ def install(app: FastAPI, settings: WebSettings | None = None) -> None:
     app.mount("/static", StaticAssets(directory=WEB_DIR / "static"), name="static")
     app.add_exception_handler(LoginRequired, _login_required)
     app.add_exception_handler(NotAllowed, _not_allowed)
+    app.add_exception_handler(PageNotFound, _not_found)
 
 
 async def _login_required(request: Request, exc: Exception) -> Response:
@@ -31,4 +32,8 @@ async def _login_required(request: Request, exc: Exception) -> Response:
 
 
 async def _not_allowed(request: Request, exc: Exception) -> Response:
-    return page(request, "error.html", status_code=403, message=str(exc) or "not allowed")
+    return page(request, "error.html", status_code=403, title="Not allowed", message=str(exc) or "not allowed")
+
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return page(request, "error.html", status_code=404, title="Not found", message=str(exc) or "not found")

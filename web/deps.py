@@ -37,6 +37,10 @@ class NotAllowed(Exception):
     """A valid session without the role (or tenant) this page needs: 403 (404 for other tenants' ids)."""
 
 
+class PageNotFound(Exception):
+    """No such thing in the viewer's tenant (another tenant's id is not found either): a 404 page."""
+
+
 @dataclass(frozen=True)
 class Viewer:
     """The logged-in person. tenant_id is None only for the operator before choosing a tenant."""

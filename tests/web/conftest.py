@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from tests.gateway.harness import ADMIN_TOKEN, GatewayServer, Key, pg_reachable, postgres_database
 
@@ -33,6 +35,18 @@ NO_CHROMIUM = (
     "BROWSER TESTS SKIPPED: Chromium is not installed, so the dashboard was NOT tested in a browser.\n"
     "Install it with `apt-get install -y chromium` (`make test` does when it may), or point KVGATE_TEST_CHROMIUM\n"
     "at a Chromium binary. Playwright's own browser download is not used.\n" + "!" * 100
+)
+# Long enough to cache (the test server's minimum is 64 tokens): a write on first use, then reads.
+SYSTEM = "You are a careful assistant who answers briefly. " * 30
+LEDGER_SUMS = (
+    "input_tokens",
+    "cache_write_5m_tokens",
+    "cache_write_1h_tokens",
+    "cache_write_24h_tokens",
+    "cache_read_tokens",
+    "output_tokens",
+    "cost_pico",
+    "uncached_cost_pico",
 )
 _CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
 _skipped_for_chromium: list[str] = []
@@ -91,6 +105,44 @@ class Dashboard:
     def new_member(self, name: str | None = None, *, role: str = "admin") -> Member:
         """A fresh tenant with one member."""
         return self.invite(self.new_tenant(name), role=role)
+
+    # -- usage ---------------------------------------------------------------------------------
+
+    def ask(self, key: Key, question: str = "Hi?", *, max_tokens: int = 4) -> Any:
+        """One Anthropic request with a cached system prompt (the tenant's first writes it, later ones read)."""
+        system = [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}]
+        return self.server.anthropic(key).messages.create(
+            model=self.server.model,
+            max_tokens=max_tokens,
+            system=system,
+            messages=[{"role": "user", "content": question}],
+        )
+
+    def ledger(self, tenant_id: str) -> dict[str, int]:
+        """The tenant's ledger summed: requests (its usage entries; a reversal corrects one, it does not undo it),
+        every token column and the costs."""
+        sums = ", ".join(f"COALESCE(SUM({c}), 0) AS {c}" for c in LEDGER_SUMS)
+        query = (
+            f"SELECT COALESCE(SUM(CASE kind WHEN 'usage' THEN 1 ELSE 0 END), 0) AS requests, "
+            f"{sums} FROM ledger_entries WHERE tenant_id = :t"
+        )
+        with self.server.db.connect() as conn:
+            row = conn.execute(sa.text(query), {"t": tenant_id}).mappings().one()
+        return {name: int(value) for name, value in row.items()}
+
+    def wait_for_ledger(self, tenant_id: str, requests: int, timeout_s: float = 60) -> dict[str, int]:
+        """The ledger once it holds `requests` requests (usage is written in the background)."""
+        deadline = time.monotonic() + timeout_s
+        while (sums := self.ledger(tenant_id))["requests"] < requests:
+            assert time.monotonic() < deadline, f"the ledger has {sums['requests']} of {requests} requests"
+            time.sleep(0.1)
+        return sums
+
+    def set_budget(self, tenant_id: str, monthly_limit_usd: str | None) -> None:
+        response = self.admin.put(
+            f"/admin/v1/tenants/{tenant_id}/budget", json={"monthly_limit_usd": monthly_limit_usd}
+        )
+        response.raise_for_status()
 
     # -- browsers ---------------------------------------------------------------------------
 
