@@ -20,6 +20,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.gateway.harness import ADMIN_TOKEN, GatewayServer, Key, pg_reachable, postgres_database
+from web.settings import WebSettings
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 NO_CHROMIUM = (
@@ -106,6 +108,17 @@ class Dashboard:
     def new_member(self, name: str | None = None, *, role: str = "admin") -> Member:
         """A fresh tenant with one member."""
         return self.invite(self.new_tenant(name), role=role)
+
+    @contextmanager
+    def web_settings(self, settings: WebSettings) -> Iterator[None]:
+        """The running server's dashboard settings swapped for a test (as if KVGATE_PUBLIC_URL etc. were set)."""
+        state = self.server.app.state
+        previous = state.web_settings
+        state.web_settings = settings
+        try:
+            yield
+        finally:
+            state.web_settings = previous
 
     # -- usage ---------------------------------------------------------------------------------
 
