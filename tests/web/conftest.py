@@ -7,8 +7,10 @@
   through its executable path; Playwright never downloads a browser here. Where Chromium is missing, every
   test that needs it skips with a loud message (and the run ends with a banner saying so).
 - `page`: a fresh browser context (its own cookies) per test.
-- helpers on the Dashboard: new_tenant, invite (member + login link), login(page, link), operator_login(page),
-  client_for(link) (an httpx client logged in as that member), csrf_token(client).
+- helpers on the Dashboard: new_tenant, new_key, invite / new_member (a member and its login link), new_link,
+  login(page, link), operator_login(page), client_for(link) / operator_client() (logged-in httpx clients),
+  ask(key) (a request with a cached system prompt), ledger / wait_for_ledger (the ledger's sums), set_budget,
+  web_settings(...) (swap the server's dashboard settings); and csrf_token(html).
 """
 
 from __future__ import annotations
