@@ -140,6 +140,8 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
             process.wait()
     assert process.returncode == 0, stderr
     assert "no tenants yet" in stderr and "kvgate tenants create" in stderr
+    # The dashboard's address and how to let its first member in.
+    assert f"the dashboard is at http://127.0.0.1:{port}/" in stderr and "kvgate members invite" in stderr
     token = re.search(r"Generated the admin token.*\n\s+(kvgadm-\S+)", stderr)
     assert token is not None, stderr
     assert (tmp_path / "kvgate.db").exists()
