@@ -313,7 +313,9 @@ def test_scopes_on_keys_and_adding_one(server):
 )
 def test_bad_parameters_are_400s_in_openais_shape(server, tenant_a, params, param):
     _, _, reader = tenant_a
-    query = {name: value for name, value in {"start_time": int(time.time()) - 86400, **params}.items() if value is not None}
+    query = {
+        name: value for name, value in {"start_time": int(time.time()) - 86400, **params}.items() if value is not None
+    }
     bad = raw_get(server, reader, "/organization/usage/completions", **query)
     assert bad.status_code == 400, bad.text
     assert bad.json()["error"]["type"] == "invalid_request_error" and bad.json()["error"]["param"] == param
