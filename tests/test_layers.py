@@ -6,6 +6,7 @@ From the bottom up:
 - inference/ (the engine) imports kvgate core only: neither gateway nor billing;
 - gateway/ never imports billing: billing reaches it through the seam (gateway.billing_hooks);
 - billing/ imports gateway only through the seam modules below;
+- web/ (the dashboard) sits above gateway and billing and may use both; none of them imports it;
 - the composition root (kvgate/app.py, kvgate/cli.py, and kvgate/settings_table.py, which lists every
   package's settings for the README) is the one place that imports all of them, and nothing imports it.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from kvgate import REPO_ROOT
 
-PACKAGES = ("kvgate", "inference", "gateway", "billing")
+PACKAGES = ("kvgate", "inference", "gateway", "billing", "web")
 COMPOSITION_ROOT = ("kvgate.app", "kvgate.cli", "kvgate.settings_table")
 # What billing may import from the gateway: the hooks seam (Admission, BillingHooks) and the usage recorder.
 BILLING_SEAMS = ("gateway.billing_hooks", "gateway.usage")
@@ -51,9 +52,10 @@ def imports(source: str, module: str) -> Iterator[tuple[int, str]]:
 
 # What each layer may not import (besides the composition root, which no layer imports).
 FORBIDDEN = {
-    "kvgate": (("inference", "gateway", "billing"), "kvgate core imports nothing above it"),
-    "inference": (("gateway", "billing"), "inference imports neither gateway nor billing"),
-    "gateway": (("billing",), "gateway never imports billing"),
+    "kvgate": (("inference", "gateway", "billing", "web"), "kvgate core imports nothing above it"),
+    "inference": (("gateway", "billing", "web"), "inference imports neither gateway nor billing"),
+    "gateway": (("billing", "web"), "gateway never imports billing"),
+    "billing": (("web",), "billing never imports the dashboard"),
 }
 
 
@@ -131,11 +133,14 @@ def test_each_rule_catches_a_violation() -> None:
         "kvgate/usage.py": "from inference.types import Usage\n",
         "kvgate/errors.py": "from . import app\n",  # relative: kvgate.app, the root
         "gateway/x.py": "from kvgate.cli import main\n",
+        "billing/z.py": "from web.summaries import tenant_overview\n",
     }
     found = violations(broken)
     assert [f.split(":")[0] for f in found] == sorted(broken)
-    assert "gateway never imports billing" in found[2]
-    assert "kvgate.app" in found[-2]
+    by_path = {f.split(":")[0]: f for f in found}
+    assert "gateway never imports billing" in by_path["gateway/services/x.py"]
+    assert "kvgate.app" in by_path["kvgate/errors.py"]
+    assert "billing never imports the dashboard" in by_path["billing/z.py"]
     by_name = {"gateway/app.py": "import importlib\n\ndef f():\n    return importlib.import_module('billing.hooks')\n"}
     assert imports_by_string(by_name) == ["gateway/app.py:4: import_module()"]
 

@@ -15,8 +15,11 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from web.formatting import FILTERS
+
 WEB_DIR = Path(__file__).resolve().parent
 TEMPLATES = Jinja2Templates(directory=WEB_DIR / "templates")
+TEMPLATES.env.filters.update(FILTERS)
 
 SECURITY_HEADERS = {
     "content-security-policy": (

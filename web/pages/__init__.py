@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from web.pages import overview
+from web.pages import admin, keys, login, overview
 
 router = APIRouter(include_in_schema=False)
-for module in (overview,):
+for module in (admin, keys, login, overview):
     router.include_router(module.router)
