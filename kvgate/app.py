@@ -21,7 +21,7 @@ from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
 from kvgate import tenancy
 from kvgate.db import Base
-from kvgate.tenancy import SCOPE_USAGE_READ
+from kvgate.tenancy import SCOPE_INVOICES_READ, SCOPE_USAGE_READ
 from web import app as web_app
 from web import models as web_models
 
@@ -45,7 +45,7 @@ def create_app(
 ) -> FastAPI:
     """The kvgate server: the gateway, billed by billing's hooks (or `billing`, for tests and
     benchmarks), with billing's admin routes under /admin/v1, its public routes (webhooks), its usage API
-    behind API keys with the "usage:read" scope, and the dashboard."""
+    behind API keys with the "usage:read" scope, its invoices API behind "invoices:read", and the dashboard."""
     app = gateway_app.create_app(
         settings,
         engine_factory=engine_factory,
@@ -53,7 +53,10 @@ def create_app(
         billing_factory=create_billing_hooks,
         admin_routers=(billing_api.admin_router,),
         public_routers=(billing_api.public_router,),
-        scoped_routers=((billing_api.tenant_router, SCOPE_USAGE_READ),),
+        scoped_routers=(
+            (billing_api.tenant_router, SCOPE_USAGE_READ),
+            (billing_api.tenant_invoices_router, SCOPE_INVOICES_READ),
+        ),
         recorder=recorder,
         limiter=limiter,
         prewarm_workers=prewarm_workers,

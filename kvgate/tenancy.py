@@ -18,7 +18,8 @@ TENANT_SUSPENDED = "suspended"
 # What a key may do. Keys made before scopes existed hold SCOPE_INFERENCE, their old power.
 SCOPE_INFERENCE = "inference"
 SCOPE_USAGE_READ = "usage:read"
-KEY_SCOPES = (SCOPE_INFERENCE, SCOPE_USAGE_READ)
+SCOPE_INVOICES_READ = "invoices:read"
+KEY_SCOPES = (SCOPE_INFERENCE, SCOPE_USAGE_READ, SCOPE_INVOICES_READ)
 
 # A member's role on the dashboard: viewers read, billing also edits billing, admins also manage keys.
 MEMBER_ROLES = ("viewer", "billing", "admin")

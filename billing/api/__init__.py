@@ -22,6 +22,7 @@ from billing.api import (
     usage,
     webhooks,
 )
+from billing.api.tenant import invoices_router as tenant_invoices_router
 from billing.api.tenant import router as tenant_router
 
 admin_router = APIRouter(tags=["billing"])
@@ -31,4 +32,4 @@ for module in (usage, prices, budgets, credits, billing_profiles, invoices, invo
 public_router = APIRouter(tags=["billing"])
 public_router.include_router(webhooks.router)
 
-__all__ = ["admin_router", "public_router", "tenant_router"]
+__all__ = ["admin_router", "public_router", "tenant_invoices_router", "tenant_router"]
