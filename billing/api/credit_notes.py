@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from billing import credit_notes, operations
-from billing.api.deps import MAX_ID, InvoiceId, ServiceDep, SessionDep
+from billing.api.deps import MAX_ID, IdFilter, InvoiceId, ServiceDep, SessionDep
 from billing.money import parse_usd
 from billing.schemas import CreditNoteIn, CreditNoteList, CreditNoteOut
 
@@ -34,7 +34,7 @@ async def post_credit_note(
 async def get_credit_notes(
     session: SessionDep,
     invoice_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
-    tenant_id: Annotated[str | None, Query(max_length=40)] = None,
+    tenant_id: IdFilter = None,
 ) -> CreditNoteList:
     notes = await credit_notes.list_credit_notes(session=session, invoice_id=invoice_id, tenant_id=tenant_id)
     return CreditNoteList(data=[CreditNoteOut.of(n) for n in notes])

@@ -19,6 +19,10 @@ from kvgate.errors import database_unavailable_error
 # Ids are 64-bit in the database; a larger number is a 400, not a driver overflow.
 MAX_ID = 2**63 - 1
 InvoiceId = Annotated[int, Path(ge=1, le=MAX_ID)]
+# Text filters: no NUL, which PostgreSQL text cannot hold (a 400, not a driver error).
+NO_NUL = r"^[^\x00]*$"
+IdFilter = Annotated[str | None, Query(max_length=40, pattern=NO_NUL)]
+ModelFilter = Annotated[str | None, Query(max_length=200, pattern=NO_NUL)]
 
 
 # Async although they do not await: FastAPI runs plain `def` dependencies in a thread pool.
@@ -73,9 +77,9 @@ def _aware(value: str | None, name: str) -> datetime | None:
 
 
 async def usage_filters(
-    tenant_id: Annotated[str | None, Query(max_length=40)] = None,
-    api_key_id: Annotated[str | None, Query(max_length=40)] = None,
-    model: Annotated[str | None, Query(max_length=200)] = None,
+    tenant_id: IdFilter = None,
+    api_key_id: IdFilter = None,
+    model: ModelFilter = None,
     start: Annotated[str | None, Query(description="Inclusive, ISO 8601 with offset")] = None,
     end: Annotated[str | None, Query(description="Exclusive, ISO 8601 with offset")] = None,
 ) -> UsageFilter:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from billing import invoices, operations
-from billing.api.deps import InvoiceId, ServiceDep, SessionDep
+from billing.api.deps import IdFilter, InvoiceId, ServiceDep, SessionDep
 from billing.periods import parse_month
 from billing.schemas import FinalizeDueOut, InvoiceList, InvoiceOut, StripePushOut
 
@@ -17,7 +17,7 @@ router = APIRouter()
 @router.get("/invoices", response_model=InvoiceList)
 async def get_invoices(
     session: SessionDep,
-    tenant_id: Annotated[str | None, Query(max_length=40)] = None,
+    tenant_id: IdFilter = None,
     status: Literal["draft", "finalized", "paid", "payment_failed", "void"] | None = None,
     month: Annotated[str | None, Query(description="YYYY-MM")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,

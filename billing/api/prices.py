@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Query
+from fastapi import APIRouter
 
 from billing import catalog, operations
-from billing.api.deps import ServiceDep, SessionDep
+from billing.api.deps import ModelFilter, ServiceDep, SessionDep
 from billing.schemas import PriceIn, PriceList, PriceOut
 
 router = APIRouter()
 
 
 @router.get("/prices", response_model=PriceList)
-async def get_prices(session: SessionDep, model: Annotated[str | None, Query(max_length=200)] = None) -> PriceList:
+async def get_prices(session: SessionDep, model: ModelFilter = None) -> PriceList:
     return PriceList(data=[PriceOut.of(v) for v in await catalog.list_versions(session=session, model=model)])
 
 

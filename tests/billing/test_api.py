@@ -546,3 +546,14 @@ async def test_fuzzed_signed_webhooks_never_500(api, event):
     payload = json.dumps(event).encode()
     r = await api.post("/webhooks/stripe", content=payload, headers=stripe_signed(payload))
     assert r.status_code in (200, 400), r.text
+
+
+@pytest.mark.parametrize(
+    "path", ["/admin/v1/usage", "/admin/v1/invoices", "/admin/v1/credit-notes", "/admin/v1/usage/summary"]
+)
+async def test_a_nul_in_a_text_filter_is_a_400_not_a_database_error(api, sessions, path):
+    tenant, _ = await make_tenant(sessions)
+    assert (await api.get(path, params={"tenant_id": tenant})).status_code == 200
+    r = await api.get(path, params={"tenant_id": "\x00"})
+    assert r.status_code == 400, r.text
+    assert (await api.get("/admin/v1/prices", params={"model": "a\x00b"})).status_code == 400
