@@ -1,8 +1,8 @@
 """Where the Usage and Cache pages read their numbers: the hourly usage rollups of one tenant.
 
-The one place the pages touch the rollup table, so that moving to another bucketed query
-(billing's shared usage_buckets) changes only this module. Rows come back per hour, model and key;
-the pages fold them into their buckets and splits.
+Sums come from billing's usage_buckets (the query behind the usage API too, so the page and the API
+agree by construction), per hour, model and key; the pages fold them into their buckets and splits.
+Filter menus read the distinct values straight from the rollups.
 """
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.models import UsageRollup
+from billing.usage_buckets import usage_buckets
 from billing.usage_rollups import NO_KEY
 from kvgate.tenancy import ApiKey
 from kvgate.usage import TokenCounts
@@ -44,45 +45,35 @@ class FilterChoices:
 
 async def hour_rows(*, session: AsyncSession, tenant_id: str, view: UsageView) -> list[HourRow]:
     """The tenant's usage in the view's range and filters, summed per hour, model and key."""
-    r = UsageRollup
-    token_sums = [
-        func.sum(getattr(r, f"{name}_tokens"))
-        for name in ("input", "cache_write_5m", "cache_write_1h", "cache_write_24h", "cache_read", "output")
-    ]
-    query = (
-        select(
-            r.hour,
-            r.model,
-            r.api_key_id,
-            func.sum(r.requests),
-            *token_sums,
-            func.sum(r.cost_pico),
-            func.sum(r.uncached_cost_pico),
-        )
-        .where(r.tenant_id == tenant_id, r.hour >= view.start, r.hour < view.end)
-        .group_by(r.hour, r.model, r.api_key_id)
-        .order_by(r.hour, r.model, r.api_key_id)
+    buckets = await usage_buckets(
+        session=session,
+        tenant_id=tenant_id,
+        start=view.start,
+        end=view.end,
+        width="1h",
+        group_by=("model", "api_key_id"),
+        models=_one(view.model),
+        api_key_ids=_one(view.key),
+        endpoints=_one(view.endpoint),
+        statuses=_one(view.status),
     )
-    for column, value in (
-        (r.model, view.model),
-        (r.api_key_id, view.key),
-        (r.endpoint, view.endpoint),
-        (r.status, view.status),
-    ):
-        if value is not None:
-            query = query.where(column == value)
     return [
         HourRow(
-            hour=hour,
-            model=model,
-            api_key_id=key_id,
-            requests=int(requests),
-            counts=TokenCounts(*(int(v) for v in sums[:6])),
-            cost_pico=int(sums[6]),
-            uncached_cost_pico=int(sums[7]),
+            hour=bucket.start,
+            model=result.model or "",
+            api_key_id=result.api_key_id or NO_KEY,
+            requests=result.requests,
+            counts=result.counts,
+            cost_pico=result.cost_pico,
+            uncached_cost_pico=result.uncached_cost_pico,
         )
-        for hour, model, key_id, requests, *sums in (await session.execute(query)).all()
+        for bucket in buckets
+        for result in bucket.results
     ]
+
+
+def _one(value: str | None) -> tuple[str, ...]:
+    return () if value is None else (value,)
 
 
 async def filter_choices(*, session: AsyncSession, tenant_id: str) -> FilterChoices:
