@@ -5,9 +5,11 @@ logged-in member's cookies."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import sqlalchemy as sa
@@ -18,6 +20,7 @@ from tests.web.sessions import member_session
 from tests.web.usage_data import SeededMonth, seed_month
 from web.deps import SESSION_COOKIE
 
+T = TypeVar("T")
 OCTOBER = date(2026, 10, 1)
 SECOND_MODEL = "SmolLM2-135M-Instruct"
 
@@ -47,6 +50,13 @@ class SeededTenant:
         return {**{c: int(v) for c, v in zip(columns, row[:6], strict=True)}, "cost_pico": int(row[6])}
 
 
+def run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine to the end from synchronous test code, in its own thread: sync Playwright keeps
+    an event loop running on the test's thread, where asyncio.run is refused."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()
+
+
 def seed_tenant(
     server: GatewayServer, name: str = "Acme Robotics", *, key_names: tuple[str, ...] = ("alpha", "beta")
 ) -> SeededTenant:
@@ -64,7 +74,7 @@ def seed_tenant(
             )
             return month, await member_session(sessions, tenant_id=tenant_id)
 
-    month, cookies = asyncio.run(write())
+    month, cookies = run_async(write)
     return SeededTenant(server=server, tenant_id=tenant_id, key_ids=key_ids, month=month, cookies=cookies)
 
 

@@ -88,7 +88,7 @@
 
   function draw(figure) {
     if (figure.uplot || typeof uPlot === "undefined") return;
-    var table = figure.querySelector("table");
+    var table = figure.querySelector("table.chart-data");
     var target = figure.querySelector(".chart-canvas");
     if (!table || !target || !table.tBodies.length) return;
     var kind = figure.getAttribute("data-chart");
