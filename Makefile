@@ -7,8 +7,11 @@ TORCH_INDEX ?=
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.kvgate-installed
 PYTEST_ARGS ?=
+CHROMIUM ?= /usr/bin/chromium
+# Playwright (a dev dependency) drives Debian's chromium through its path; it never downloads a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: install run test lint bench clean
+.PHONY: install browser run test lint bench clean
 
 install: $(STAMP)
 
@@ -25,7 +28,15 @@ $(STAMP): pyproject.toml Makefile | $(VENV)/bin/python
 run: $(STAMP)
 	$(VENV)/bin/kvgate serve
 
-test: $(STAMP)
+# The browser tests' Chromium, from Debian: installed when missing and we may (root, or sudo without a password).
+browser:
+	@if [ -x $(CHROMIUM) ]; then :; \
+	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium); \
+	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || \
+		(sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium); \
+	else echo "!!! $(CHROMIUM) is missing and cannot be installed here (not root, no sudo): browser tests will SKIP"; fi
+
+test: $(STAMP) browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -381,6 +381,20 @@ async def budget_status(*, session: AsyncSession, tenant_id: str, now: datetime 
     )
 
 
+async def key_limits(
+    *, session: AsyncSession, tenant_id: str, api_key_id: str, now: datetime | None = None
+) -> list[CounterState]:
+    """Every limit a key's requests are held to now (its tenant's month and prepaid credit, its own
+    month), each with its counter: what admission checks, so the tightest is what the key has left."""
+    month = month_start(now or utcnow())
+    limits = await limits_for(session=session, tenant_id=tenant_id, api_key_id=api_key_id, month=month)
+    states = []
+    for counter, limit in limits.checks:
+        row = await session.scalar(select(BudgetCounter).where(_counter_row(counter)))
+        states.append(_state(counter.scope, counter.period, limit, row))
+    return states
+
+
 def _state(scope: str, period: str, limit: int | None, row: BudgetCounter | None) -> CounterState:
     return CounterState(
         scope=scope,

@@ -15,7 +15,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from gateway.api.deps import AdminDep
+from gateway.api.deps import AdminDep, require_scope
 from gateway.api.errors import install_error_handlers
 from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
@@ -88,6 +88,7 @@ def create_app(
     billing_factory: BillingFactory | None = None,
     admin_routers: Sequence[APIRouter] = (),
     public_routers: Sequence[APIRouter] = (),
+    scoped_routers: Sequence[tuple[APIRouter, str]] = (),
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,
     prewarm_workers: bool = False,
@@ -96,7 +97,9 @@ def create_app(
 
     `billing` is a ready BillingHooks (tests, benchmarks); otherwise `billing_factory(sessions=,
     settings=)` builds one in the lifespan; with neither, nothing is billed (NoBilling).
-    `admin_routers` are mounted under /admin/v1 behind the admin token, `public_routers` as they are.
+    `admin_routers` are mounted under /admin/v1 behind the admin token, `public_routers` as they are,
+    `scoped_routers` (router, scope) behind a tenant API key holding the scope, the caller's Principal
+    left in request.state.principal (gateway.api.deps.require_scope).
     The database must already be migrated (`kvgate serve` does it first).
     prewarm_workers starts the request worker processes at start-up rather than on the first large body.
     """
@@ -219,6 +222,8 @@ def create_app(
         app.include_router(router, prefix="/admin/v1", dependencies=[AdminDep])
     for router in public_routers:
         app.include_router(router)
+    for router, scope in scoped_routers:
+        app.include_router(router, dependencies=[require_scope(scope)])
     install_error_handlers(app)
     install_body_schemas(app)
     app.add_middleware(

@@ -20,6 +20,7 @@ from sqlalchemy.engine import make_url
 from gateway.settings import GatewaySettings
 from kvgate.db import migrate, open_database, utcnow
 from kvgate.errors import KvgateError
+from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE
 
 # Builds the app `kvgate serve` runs (kvgate.app.create_app: the gateway with billing wired in).
 AppFactory = Callable[[GatewaySettings], Any]
@@ -48,7 +49,18 @@ def register(subparsers: Any, *, app_factory: AppFactory) -> None:
     create.add_argument("--expires-in-days", type=float, help="expire the key after this many days")
     create.add_argument("--requests-per-minute", type=int)
     create.add_argument("--input-tokens-per-minute", type=int)
+    create.add_argument(
+        "--scope",
+        action="append",
+        dest="scopes",
+        metavar="SCOPE",
+        help=f"what the key may do, repeatable: {', '.join(KEY_SCOPES)} (default {SCOPE_INFERENCE})",
+    )
     create.set_defaults(handler=_db_command(_keys_create))
+    scopes = keys.add_parser("scopes", help="set an API key's scopes (replacing its old ones)")
+    scopes.add_argument("key_id")
+    scopes.add_argument("--scope", action="append", dest="scopes", metavar="SCOPE", required=True, help="repeatable")
+    scopes.set_defaults(handler=_db_command(_keys_scopes))
     revoke = keys.add_parser("revoke", help="revoke an API key")
     revoke.add_argument("key_id")
     revoke.set_defaults(handler=_db_command(_keys_revoke))
@@ -112,8 +124,9 @@ async def _keys_create(session: Any, args: argparse.Namespace) -> None:
         expires_at=expires_at,
         requests_per_minute=args.requests_per_minute,
         input_tokens_per_minute=args.input_tokens_per_minute,
+        scopes=args.scopes or [SCOPE_INFERENCE],
     )
-    print(f"created key {key.id} for tenant {key.tenant_id}. The key is shown only this once:")
+    print(f"created key {key.id} for tenant {key.tenant_id} (scopes: {key.scopes}). The key is shown only this once:")
     print(plaintext)
 
 
@@ -124,13 +137,21 @@ async def _keys_revoke(session: Any, args: argparse.Namespace) -> None:
     print(f"revoked key {key.id} ({key.prefix}...)")
 
 
+async def _keys_scopes(session: Any, args: argparse.Namespace) -> None:
+    from gateway.services.keys import set_scopes
+
+    key = await set_scopes(session, key_id=args.key_id, scopes=args.scopes)
+    # Another process's auth cache keeps the old scopes for up to KVGATE_AUTH_CACHE_TTL_S.
+    print(f"key {key.id} ({key.prefix}...) now has scopes: {key.scopes}")
+
+
 async def _keys_list(session: Any, args: argparse.Namespace) -> None:
     from gateway.services.keys import list_keys
 
     for key in await list_keys(session, tenant_id=args.tenant_id):
         state = "revoked" if key.revoked_at else "active"
         last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
-        print(f"{key.id}\t{key.prefix}...\t{state}\t{key.name}\tlast used {last_used}")
+        print(f"{key.id}\t{key.prefix}...\t{state}\t{key.name}\tlast used {last_used}\tscopes {key.scopes}")
 
 
 async def _has_tenants(url: str) -> bool:

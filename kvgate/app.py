@@ -21,6 +21,7 @@ from gateway.settings import GatewaySettings
 from gateway.usage import UsageRecorder
 from kvgate import tenancy
 from kvgate.db import Base
+from kvgate.tenancy import SCOPE_USAGE_READ
 from web import app as web_app
 from web import models as web_models
 
@@ -43,7 +44,8 @@ def create_app(
     prewarm_workers: bool = False,
 ) -> FastAPI:
     """The kvgate server: the gateway, billed by billing's hooks (or `billing`, for tests and
-    benchmarks), with billing's admin routes under /admin/v1, its public routes (webhooks), and the dashboard."""
+    benchmarks), with billing's admin routes under /admin/v1, its public routes (webhooks), its usage API
+    behind API keys with the "usage:read" scope, and the dashboard."""
     app = gateway_app.create_app(
         settings,
         engine_factory=engine_factory,
@@ -51,6 +53,7 @@ def create_app(
         billing_factory=create_billing_hooks,
         admin_routers=(billing_api.admin_router,),
         public_routers=(billing_api.public_router,),
+        scoped_routers=((billing_api.tenant_router, SCOPE_USAGE_READ),),
         recorder=recorder,
         limiter=limiter,
         prewarm_workers=prewarm_workers,

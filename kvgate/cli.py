@@ -15,6 +15,7 @@ from billing import cli as billing_cli
 from gateway import cli as gateway_cli
 from inference import cli as inference_cli
 from kvgate.app import create_app
+from web import cli as web_cli
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     inference_cli.register(subparsers)
     gateway_cli.register(subparsers, app_factory=create_app)
     billing_cli.register(subparsers)
+    web_cli.register(subparsers)
     return parser
 
 

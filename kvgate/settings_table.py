@@ -14,6 +14,7 @@ from inference.settings import EngineSettings
 from kvgate import REPO_ROOT
 from kvgate.db_settings import DatabaseSettings
 from kvgate.settings import KvgateSettings
+from web.settings import WebSettings
 
 # Like kvgate.app and kvgate.cli, this module sits above every package: it lists all their settings.
 SETTINGS_CLASSES: tuple[tuple[type[BaseSettings], str], ...] = (
@@ -22,6 +23,7 @@ SETTINGS_CLASSES: tuple[tuple[type[BaseSettings], str], ...] = (
     (GatewaySettings, "gateway"),
     (DatabaseSettings, "database"),
     (BillingSettings, "billing"),
+    (WebSettings, "dashboard"),
 )
 START, END = "<!-- settings:start -->", "<!-- settings:end -->"
 

@@ -16,14 +16,17 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.api.deps import GatewayDep
-from gateway.security import hash_secret
+from gateway.security import constant_time_equal, hash_secret
 from kvgate.db import utcnow
 from kvgate.tenancy import Member, Tenant
 from web.models import WebSession
+from web.settings import WebSettings, public_url
 
 SESSION_COOKIE = "kvgate_session"
 VIEW_AS_COOKIE = "kvgate_view_as"
 OPERATOR_ROLE = "operator"
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
 
 
 class LoginRequired(Exception):
@@ -32,6 +35,10 @@ class LoginRequired(Exception):
 
 class NotAllowed(Exception):
     """A valid session without the role (or tenant) this page needs: 403 (404 for other tenants' ids)."""
+
+
+class PageNotFound(Exception):
+    """No such thing in the viewer's tenant (another tenant's id is not found either): a 404 page."""
 
 
 @dataclass(frozen=True)
@@ -111,3 +118,64 @@ async def tenant_viewer(viewer: ViewerDep) -> Viewer:
 
 
 TenantViewerDep = Annotated[Viewer, Depends(tenant_viewer)]
+
+
+def web_settings(request: Request) -> WebSettings:
+    return request.app.state.web_settings
+
+
+def base_url(request: Request) -> str:
+    """The dashboard's public address (KVGATE_PUBLIC_URL, else where the server listens)."""
+    gateway_settings = request.app.state.gateway.settings
+    return public_url(web_settings(request), host=gateway_settings.host, port=gateway_settings.port)
+
+
+def is_secure(request: Request) -> bool:
+    """Cookies get the Secure flag when the browser reached us over HTTPS (directly, or per KVGATE_PUBLIC_URL)."""
+    return request.url.scheme == "https" or base_url(request).startswith("https://")
+
+
+async def presented_csrf_token(request: Request) -> str:
+    """The CSRF token a state-changing request carries: the X-CSRF-Token header (htmx) or the form field."""
+    header = request.headers.get(CSRF_HEADER)
+    if header:
+        return header
+    content_type = request.headers.get("content-type", "")
+    if content_type.startswith(("application/x-www-form-urlencoded", "multipart/form-data")):
+        value = (await request.form()).get(CSRF_FIELD)  # starlette caches the parsed form for the handler
+        return value if isinstance(value, str) else ""
+    return ""
+
+
+async def csrf_viewer(request: Request, viewer: ViewerDep) -> Viewer:
+    """The viewer, for a request that changes something: it must carry the session's CSRF token."""
+    presented = await presented_csrf_token(request)
+    if not presented or not constant_time_equal(presented, viewer.csrf_token):
+        raise NotAllowed("this form has expired or did not come from this dashboard: reload the page and try again")
+    return viewer
+
+
+CsrfViewerDep = Annotated[Viewer, Depends(csrf_viewer)]
+
+
+async def tenant_csrf_viewer(viewer: CsrfViewerDep) -> Viewer:
+    return await tenant_viewer(viewer)
+
+
+TenantCsrfViewerDep = Annotated[Viewer, Depends(tenant_csrf_viewer)]
+
+
+async def operator_viewer(viewer: ViewerDep) -> Viewer:
+    if not viewer.is_operator:
+        raise NotAllowed("only the operator can open this page")
+    return viewer
+
+
+OperatorViewerDep = Annotated[Viewer, Depends(operator_viewer)]
+
+
+async def operator_csrf_viewer(viewer: CsrfViewerDep) -> Viewer:
+    return await operator_viewer(viewer)
+
+
+OperatorCsrfViewerDep = Annotated[Viewer, Depends(operator_csrf_viewer)]

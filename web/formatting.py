@@ -1,25 +1,40 @@
-"""How the dashboard writes numbers: exact dollars from pico-dollars, invoice dollars from cents, tokens, rates."""
+"""How the dashboard writes numbers: exact dollars from pico-dollars, percentages from exact ratios."""
 
 from __future__ import annotations
 
-from jinja2 import Environment
+from datetime import datetime
+from fractions import Fraction
 
 from billing.money import format_usd, format_usd_exact
 
 
-def usd_exact(pico: int) -> str:
-    """'$0.000123' (every digit the ledger has, never rounded); '-$0.5' for negatives."""
-    sign = "-" if pico < 0 else ""
-    return f"{sign}${format_usd_exact(abs(pico))}"
+def usd(pico: int) -> str:
+    """'$0.000123', '$12.5', '-$0.01': the exact amount, as on the invoice's usage lines."""
+    text = format_usd_exact(abs(pico))
+    whole, dot, part = text.partition(".")
+    return f"{'-' if pico < 0 else ''}${int(whole):,}{dot}{part}"
 
 
-def tokens(count: int) -> str:
-    return f"{count:,}"
+def ratio(part: int, whole: int) -> Fraction | None:
+    """part / whole exactly, or None when whole is 0 (no rate to show)."""
+    return Fraction(part, whole) if whole else None
 
 
-def percent(ratio: float | None) -> str:
-    return "–" if ratio is None else f"{ratio * 100:.1f}%"
+def percent(value: Fraction | None, places: int = 1) -> str:
+    """'73.4%' (rounded half-even at `places`), or an em dash when there is nothing to divide by."""
+    if value is None:
+        return "—"
+    scaled = round(value * 100 * 10**places)
+    return f"{scaled / 10**places:.{places}f}%"
 
 
-def install_filters(env: Environment) -> None:
-    env.filters.update(usd_exact=usd_exact, usd=format_usd, tokens=tokens, percent=percent)
+def when(moment: datetime | None) -> str:
+    """'2026-03-01 14:05 UTC', or 'never'."""
+    return moment.strftime("%Y-%m-%d %H:%M UTC") if moment else "never"
+
+
+def integer(value: int) -> str:
+    return f"{value:,}"
+
+
+FILTERS = {"usd": usd, "cents": format_usd, "percent": percent, "when": when, "integer": integer}

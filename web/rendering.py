@@ -15,11 +15,11 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
-from web.formatting import install_filters
+from web.formatting import FILTERS
 
 WEB_DIR = Path(__file__).resolve().parent
 TEMPLATES = Jinja2Templates(directory=WEB_DIR / "templates")
-install_filters(TEMPLATES.env)
+TEMPLATES.env.filters.update(FILTERS)
 
 SECURITY_HEADERS = {
     "content-security-policy": (

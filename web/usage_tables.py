@@ -14,10 +14,12 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from fractions import Fraction
 
 from billing.money import format_usd_exact
 from billing.pricebook import NoPriceError, PriceBook
 from kvgate.usage import CATEGORY_LABELS, Category, TokenCounts
+from web.formatting import ratio
 from web.usage_source import HourRow, key_label
 from web.usage_view import UsageView
 
@@ -68,10 +70,9 @@ class Sums:
         return self.uncached_cost_pico - self.cost_pico
 
     @property
-    def hit_rate(self) -> float | None:
-        """read / (input + writes + read), None when there was no prompt."""
-        prompt = self.counts.prompt_tokens
-        return self.counts.cache_read / prompt if prompt else None
+    def hit_rate(self) -> Fraction | None:
+        """read / (input + writes + read) exactly, None when there was no prompt."""
+        return ratio(self.counts.cache_read, self.counts.prompt_tokens)
 
     def value(self, category: Category, unit: str) -> int:
         """A category's tokens, or its cost in pico-dollars."""

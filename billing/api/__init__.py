@@ -3,7 +3,7 @@
 One router module per resource; `deps` holds the dependencies, `errors` the one mapping of
 billing's domain errors to API errors. Bad input is a 400 (invalid_request_error), an unknown
 id a 404, a state conflict (finalizing a running month, crediting a draft) a 409: never a 500.
-The tenant-facing API will live in `billing.api.tenant`.
+`tenant_router` is the tenant-facing usage API (billing.api.tenant), for tenants' own API keys.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from billing.api import budgets, credit_notes, credits, invoice_documents, invoices, prices, spool, usage, webhooks
+from billing.api.tenant import router as tenant_router
 
 admin_router = APIRouter(tags=["billing"])
 for module in (usage, prices, budgets, credits, invoices, invoice_documents, credit_notes, spool):
@@ -19,4 +20,4 @@ for module in (usage, prices, budgets, credits, invoices, invoice_documents, cre
 public_router = APIRouter(tags=["billing"])
 public_router.include_router(webhooks.router)
 
-__all__ = ["admin_router", "public_router"]
+__all__ = ["admin_router", "public_router", "tenant_router"]

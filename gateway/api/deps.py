@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.generation import RequestContext
 from gateway.principals import resolve_principal
+from gateway.services.keys import Principal
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
 from kvgate.errors import AuthenticationError, database_unavailable_error
+from kvgate.tenancy import SCOPE_INFERENCE
 
 
 # Dependencies are async even when they do not await: FastAPI runs plain `def`
@@ -49,22 +51,30 @@ def _bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-async def get_request_context(request: Request, gw: GatewayDep) -> RequestContext:
+async def _principal(request: Request, gw: Gateway) -> Principal:
     """Authenticate the tenant's key (x-api-key or Authorization: Bearer)."""
     presented = request.headers.get("x-api-key") or _bearer(request)
     if not presented:
         raise AuthenticationError("x-api-key header is required")
     principal = await resolve_principal(gw, presented=presented, path=request.url.path)
+    log = request.scope["state"].get("log")
+    if isinstance(log, dict):
+        log.update(tenant_id=principal.tenant_id, api_key_id=principal.api_key_id)
+    return principal
+
+
+async def get_request_context(request: Request, gw: GatewayDep) -> RequestContext:
+    """The inference routes' caller: a key with the "inference" scope (403 without it)."""
+    principal = await _principal(request, gw)
+    principal.require_scope(SCOPE_INFERENCE)
     state = request.scope["state"]
-    ctx = RequestContext(
+    return RequestContext(
         request_id=state["request_id"],
         principal=principal,
         started_at=state["started_at"],
         t0=state["t0"],
         log=state["log"],
     )
-    ctx.log.update(tenant_id=principal.tenant_id, api_key_id=principal.api_key_id)
-    return ctx
 
 
 ContextDep = Annotated[RequestContext, Depends(get_request_context)]
@@ -77,3 +87,19 @@ async def require_admin(request: Request, gw: GatewayDep) -> None:
 
 
 AdminDep = Depends(require_admin)
+
+
+PRINCIPAL_STATE = "principal"
+"""Where a scoped route finds its caller: request.state.principal (a Principal), set by require_scope."""
+
+
+def require_scope(scope: str) -> Any:
+    """A dependency for routers mounted from other packages (billing's usage API): authenticates the
+    key, 403s unless it holds `scope`, and leaves the Principal in request.state.principal."""
+
+    async def check(request: Request, gw: GatewayDep) -> None:
+        principal = await _principal(request, gw)
+        principal.require_scope(scope)
+        setattr(request.state, PRINCIPAL_STATE, principal)
+
+    return Depends(check)

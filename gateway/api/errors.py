@@ -15,12 +15,14 @@ from kvgate.errors import InvalidRequestError, KvgateError, NotFoundError
 
 Dialect = Literal["anthropic", "openai"]
 
-_OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses")
+# The usage API (/v1/organization/..., /v1/key) answers in OpenAI's shape, as OpenAI's and OpenRouter's do.
+_OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/organization/")
+_OPENAI_PATHS = ("/v1/key",)
 
 
 def dialect_for(path: str, headers: Mapping[str, str]) -> Dialect:
     """Which API's error shape a request expects: by route, and for /v1/models by its headers."""
-    if path.startswith(_OPENAI_PREFIXES):
+    if path.startswith(_OPENAI_PREFIXES) or path in _OPENAI_PATHS:
         return "openai"
     if path.startswith("/v1/models") and "anthropic-version" not in headers:
         return "openai"

@@ -5,9 +5,12 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from gateway.protocols.common import Strict
+from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE
+
+ScopeList = list[str]
 
 
 class TenantCreate(Strict):
@@ -31,6 +34,15 @@ class KeyCreate(Strict):
     expires_at: AwareDatetime | None = None
     requests_per_minute: int | None = Field(None, gt=0, le=10_000_000)
     input_tokens_per_minute: int | None = Field(None, gt=0, le=2_000_000_000)
+    scopes: ScopeList = Field(
+        default_factory=lambda: [SCOPE_INFERENCE],
+        max_length=len(KEY_SCOPES),
+        description=f"What the key may do: any of {', '.join(KEY_SCOPES)}.",
+    )
+
+
+class KeyScopesUpdate(Strict):
+    scopes: ScopeList = Field(max_length=len(KEY_SCOPES), description="The key's new scopes (replacing its old ones).")
 
 
 class KeyOut(BaseModel):
@@ -45,6 +57,12 @@ class KeyOut(BaseModel):
     expires_at: datetime | None
     requests_per_minute: int | None
     input_tokens_per_minute: int | None
+    scopes: ScopeList
+
+    @field_validator("scopes", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        return value.split() if isinstance(value, str) else value  # stored space-separated
 
 
 class KeyCreated(KeyOut):

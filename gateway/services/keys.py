@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -20,27 +21,51 @@ from gateway.security import (
 from gateway.services.tenants import get_tenant
 from kvgate.db import utcnow
 from kvgate.db_health import is_database_unavailable
-from kvgate.errors import AuthenticationError, NotFoundError, PermissionDeniedError
-from kvgate.tenancy import TENANT_ACTIVE, ApiKey, Tenant
+from kvgate.errors import AuthenticationError, InvalidRequestError, NotFoundError, PermissionDeniedError
+from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE, TENANT_ACTIVE, ApiKey, Tenant
 
 # last_used_at is informational; refreshing it at most this often keeps auth read-only
 # on the hot path.
 LAST_USED_RESOLUTION = timedelta(seconds=60)
 
 
+def check_scopes(scopes: Iterable[str]) -> tuple[str, ...]:
+    """The scopes in KEY_SCOPES order, each once; an unknown one, or none at all, is a 400."""
+    given = list(scopes)
+    unknown = [scope for scope in given if scope not in KEY_SCOPES]
+    if unknown:
+        raise InvalidRequestError(f"unknown scope {unknown[0]!r}: scopes are {', '.join(KEY_SCOPES)}", param="scopes")
+    if not given:
+        raise InvalidRequestError("a key needs at least one scope", param="scopes")
+    return tuple(scope for scope in KEY_SCOPES if scope in given)
+
+
+def scopes_of(key: ApiKey) -> tuple[str, ...]:
+    """A key's scopes as stored (space-separated)."""
+    return tuple(key.scopes.split())
+
+
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: the tenant, the key, and the key's own limits (None: server default)."""
+    """Who is calling: the tenant, the key, its scopes, and the key's own limits (None: server default)."""
 
     tenant_id: str
     api_key_id: str
     requests_per_minute: int | None = None
     input_tokens_per_minute: int | None = None
     expires_at: datetime | None = None
+    scopes: tuple[str, ...] = (SCOPE_INFERENCE,)
 
     def check_expiry(self, now: datetime) -> None:
         if self.expires_at is not None and self.expires_at <= now:
             raise AuthenticationError("this API key has expired")
+
+    def require_scope(self, scope: str) -> None:
+        """403 unless the key holds `scope` (a valid key without the power, so not a 401)."""
+        if scope not in self.scopes:
+            raise PermissionDeniedError(
+                f"this API key lacks the scope {scope!r} (it has: {', '.join(self.scopes) or 'none'})"
+            )
 
 
 async def create_key(
@@ -51,8 +76,10 @@ async def create_key(
     expires_at: datetime | None = None,
     requests_per_minute: int | None = None,
     input_tokens_per_minute: int | None = None,
+    scopes: Iterable[str] = (SCOPE_INFERENCE,),
 ) -> tuple[ApiKey, str]:
     """Issue a key. The plaintext is returned here once and never stored."""
+    granted = check_scopes(scopes)
     await get_tenant(session, tenant_id=tenant_id)
     plaintext = generate_api_key()
     key = ApiKey(
@@ -64,6 +91,7 @@ async def create_key(
         expires_at=expires_at,
         requests_per_minute=requests_per_minute,
         input_tokens_per_minute=input_tokens_per_minute,
+        scopes=" ".join(granted),
     )
     session.add(key)
     await session.commit()
@@ -85,6 +113,17 @@ async def revoke_key(session: AsyncSession, *, key_id: str) -> ApiKey:
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         await session.commit()
+    return key
+
+
+async def set_scopes(session: AsyncSession, *, key_id: str, scopes: Iterable[str]) -> ApiKey:
+    """Replace a key's scopes (the caller evicts it from the auth cache)."""
+    granted = check_scopes(scopes)
+    key = await session.get(ApiKey, key_id)
+    if key is None:
+        raise NotFoundError(f"API key {key_id!r} not found")
+    key.scopes = " ".join(granted)
+    await session.commit()
     return key
 
 
@@ -116,6 +155,7 @@ async def authenticate(
         requests_per_minute=key.requests_per_minute,
         input_tokens_per_minute=key.input_tokens_per_minute,
         expires_at=key.expires_at,
+        scopes=scopes_of(key),
     )
     if key.revoked_at is not None:
         raise AuthenticationError("this API key has been revoked")

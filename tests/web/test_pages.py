@@ -7,12 +7,14 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
+from fractions import Fraction
 
 import pytest
 
 from kvgate.usage import Category
 from tests.web.html_tables import attribute, plain, rows
 from tests.web.pages_setup import SeededTenant, finalize_month, seed_tenant
+from web.formatting import percent
 
 OCTOBER = "preset=custom&start=2026-10-01&end=2026-10-31"
 TOKEN_COLUMNS = [c.value for c in Category]
@@ -116,7 +118,7 @@ def test_cache_page_rates_and_savings_match_the_ledger(acme: SeededTenant, clien
     prompt = ledger["input"] + ledger["cache_write_5m"] + ledger["cache_write_1h"] + ledger["cache_write_24h"]
     prompt += ledger["cache_read"]
     assert rows(html, "cache-by-model") and {r[0] for r in rows(html, "cache-by-key")} == {"alpha", "beta"}
-    expected = f"{100 * ledger['cache_read'] / prompt:.1f}%"
+    expected = percent(Fraction(ledger["cache_read"], prompt))
     assert f'id="hit-rate">{expected}<' in html
     assert len(rows(html, "savings-data")) == len(rows(html, "hit-rate-data")) == 31
 

@@ -52,6 +52,7 @@ async def create_key(tenant_id: str, body: KeyCreate, session: SessionDep) -> Re
         expires_at=body.expires_at,
         requests_per_minute=body.requests_per_minute,
         input_tokens_per_minute=body.input_tokens_per_minute,
+        scopes=body.scopes,
     )
     created = KeyCreated(**KeyOut.model_validate(key).model_dump(), key=plaintext)
     return json_response(created, status_code=201)

@@ -1,0 +1,87 @@
+"""The dashboard's forms over plain HTTP, on SQLite and PostgreSQL: CSRF on each, and id guessing.
+
+Every refusal is paired with the same request succeeding for the right person with the right token.
+"""
+
+from __future__ import annotations
+
+import anthropic
+import pytest
+
+from tests.web.conftest import Dashboard, csrf_token
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _works(dashboard: Dashboard, key) -> bool:
+    try:
+        dashboard.server.anthropic(key).messages.create(
+            model=dashboard.server.model, max_tokens=1, messages=[{"role": "user", "content": "hi"}]
+        )
+    except anthropic.AuthenticationError:
+        return False
+    return True
+
+
+def test_creating_a_key_needs_the_csrf_token(any_dashboard: Dashboard) -> None:
+    member = any_dashboard.new_member(role="admin")
+    with any_dashboard.client_for(member.login_url) as client:
+        token = csrf_token(client.get("/keys").text)
+        for data in ({"name": "k"}, {"name": "k", "csrf_token": "forged"}):
+            refused = client.post("/keys", data=data)
+            assert refused.status_code == 403 and "kvg-" not in refused.text
+        assert "<td>k</td>" not in client.get("/keys").text
+        created = client.post("/keys", data={"name": "k", "csrf_token": token})
+        assert created.status_code == 201 and 'id="new-key">kvg-' in created.text
+        bad = client.post("/keys", data={"name": " ", "csrf_token": token})
+        assert bad.status_code == 400
+
+
+def test_another_tenants_key_id_in_a_revoke_form_is_not_found(any_dashboard: Dashboard) -> None:
+    mine, theirs = any_dashboard.new_member(role="admin"), any_dashboard.new_member(role="admin")
+    my_key = any_dashboard.new_key(mine.tenant_id, name="mine")
+    their_key = any_dashboard.new_key(theirs.tenant_id, name="theirs")
+    with any_dashboard.client_for(mine.login_url) as client:
+        token = csrf_token(client.get("/keys").text)
+        guessed = client.post(f"/keys/{their_key.key_id}/revoke", data={"csrf_token": token})
+        assert guessed.status_code == 404
+        assert client.post("/keys/key_does_not_exist/revoke", data={"csrf_token": token}).status_code == 404
+        assert _works(any_dashboard, their_key)
+        # Paired: the owner's own key, same form, same token, is revoked.
+        assert client.post(f"/keys/{my_key.key_id}/revoke", data={"csrf_token": token}).status_code == 303
+        assert not _works(any_dashboard, my_key)
+    with any_dashboard.client_for(theirs.login_url) as owner:
+        token = csrf_token(owner.get("/keys").text)
+        assert owner.post(f"/keys/{their_key.key_id}/revoke").status_code == 403  # no token
+        assert _works(any_dashboard, their_key)
+        assert owner.post(f"/keys/{their_key.key_id}/revoke", data={"csrf_token": token}).status_code == 303
+        assert not _works(any_dashboard, their_key)
+
+
+def test_view_as_is_for_the_operator_with_the_csrf_token(any_dashboard: Dashboard) -> None:
+    member = any_dashboard.new_member("Seen By Operator")
+    with any_dashboard.operator_client() as operator:
+        assert operator.get("/").status_code == 403  # no tenant chosen yet
+        token = csrf_token(operator.get("/admin").text)
+        assert operator.post("/admin/view-as", data={"tenant_id": member.tenant_id}).status_code == 403
+        assert operator.post("/admin/view-as", data={"tenant_id": "ten_nope", "csrf_token": token}).status_code == 404
+        chosen = operator.post("/admin/view-as", data={"tenant_id": member.tenant_id, "csrf_token": token})
+        assert chosen.status_code == 303 and "kvgate_view_as=" in chosen.headers["set-cookie"]
+        assert "Seen By Operator" in operator.get("/").text
+    with any_dashboard.client_for(member.login_url) as client:
+        token = csrf_token(client.get("/").text)
+        other = any_dashboard.new_tenant()
+        refused = client.post("/admin/view-as", data={"tenant_id": other, "csrf_token": token})
+        assert refused.status_code == 403 and "kvgate_view_as" not in refused.headers.get("set-cookie", "")
+        assert client.get("/admin").status_code == 403
+
+
+def test_pages_set_a_strict_csp(any_dashboard: Dashboard) -> None:
+    member = any_dashboard.new_member()
+    with any_dashboard.client_for(member.login_url) as client:
+        for path in ("/", "/keys"):
+            response = client.get(path)
+            assert response.status_code == 200
+            csp = response.headers["content-security-policy"]
+            assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+            assert response.headers["cache-control"] == "no-store"

@@ -1,0 +1,101 @@
+"""/keys: the tenant's API keys by name, with this month's spend and limits; admins create and revoke them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.responses import RedirectResponse, Response
+
+from gateway.api.deps import GatewayDep
+from gateway.services import keys as key_service
+from kvgate.db import utcnow
+from kvgate.tenancy import ApiKey
+from web.deps import NotAllowed, PageNotFound, TenantCsrfViewerDep, TenantViewerDep, Viewer
+from web.rendering import page
+from web.summaries import key_limits, key_names, key_spend
+
+router = APIRouter()
+
+
+@dataclass(frozen=True)
+class KeyRow:
+    key: ApiKey
+    spent_pico: int
+    requests: int
+    monthly_limit_pico: int | None
+
+
+async def _rows(session: AsyncSession, tenant_id: str) -> list[KeyRow]:
+    names = await key_names(session, tenant_id=tenant_id)
+    spend = await key_spend(session, tenant_id=tenant_id, now=utcnow())
+    limits = await key_limits(session, tenant_id=tenant_id)
+    rows = []
+    for key_id, key in names.items():
+        used = spend.get(key_id)
+        rows.append(KeyRow(key, used.cost_pico if used else 0, used.requests if used else 0, limits.get(key_id)))
+    return rows
+
+
+async def _render(
+    request: Request, viewer: Viewer, gw: GatewayDep, *, status_code: int = 200, **extra: object
+) -> Response:
+    async with gw.sessions() as session:
+        rows = await _rows(session, viewer.tenant_id or "")
+    return page(
+        request,
+        "keys.html",
+        status_code=status_code,
+        viewer=viewer,
+        active="keys",
+        rows=rows,
+        can_manage=viewer.can("admin"),
+        **extra,
+    )
+
+
+def _require_admin(viewer: Viewer) -> None:
+    if not viewer.can("admin"):
+        raise NotAllowed("only the tenant's admins can create and revoke keys")
+
+
+@router.get("/keys")
+async def keys_page(request: Request, viewer: TenantViewerDep, gw: GatewayDep) -> Response:
+    return await _render(request, viewer, gw)
+
+
+@router.post("/keys")
+async def create_key(
+    request: Request,
+    viewer: TenantCsrfViewerDep,
+    gw: GatewayDep,
+    name: Annotated[str, Form(max_length=200)] = "",
+    requests_per_minute: Annotated[str, Form(max_length=12)] = "",
+) -> Response:
+    _require_admin(viewer)
+    name = name.strip()
+    rpm = requests_per_minute.strip()
+    if not name or (rpm and (not rpm.isdigit() or not 0 < int(rpm) <= 10_000_000)):
+        error = "A key needs a name; requests per minute, if given, is a whole number from 1 to 10,000,000."
+        return await _render(request, viewer, gw, status_code=400, error=error)
+    async with gw.sessions() as session:
+        key, plaintext = await key_service.create_key(
+            session, tenant_id=viewer.tenant_id or "", name=name, requests_per_minute=int(rpm) if rpm else None
+        )
+    # The key is in this response only (no redirect): it is never stored, and never shown again.
+    return await _render(request, viewer, gw, status_code=201, created=key, plaintext=plaintext)
+
+
+@router.post("/keys/{key_id}/revoke")
+async def revoke_key(key_id: str, viewer: TenantCsrfViewerDep, gw: GatewayDep) -> Response:
+    _require_admin(viewer)
+    async with gw.sessions() as session:
+        key = await session.get(ApiKey, key_id)
+        # Another tenant's key is not found, exactly like a key that does not exist.
+        if key is None or key.tenant_id != viewer.tenant_id:
+            raise PageNotFound("no such key")
+        await key_service.revoke_key(session, key_id=key.id)
+    gw.auth_cache.evict(key_id=key_id)
+    return RedirectResponse("/keys", status_code=303)
