@@ -7,8 +7,11 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
 from fractions import Fraction
 
+import httpx
 import pytest
 
 from kvgate.usage import Category
@@ -71,8 +74,6 @@ def test_usage_filters_by_key_and_model_and_shows_keys_by_name(acme: SeededTenan
 
 def test_usage_in_dollars_splits_each_day_by_category_summing_to_the_exact_cost(client) -> None:  # type: ignore[no-untyped-def]
     html = client.get(f"/usage?{OCTOBER}&unit=usd").text
-    from decimal import Decimal
-
     for row in rows(html, "usage-buckets"):
         categories = sum(Decimal(plain(v)) for v in row[1:7])
         assert categories == Decimal(plain(row[7])), row
@@ -184,8 +185,6 @@ def test_another_tenants_invoice_is_not_found_in_every_form(acme: SeededTenant, 
 
 
 def test_invoice_csv_lists_the_billed_entries_adding_up_to_the_exact_total(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
-    from decimal import Decimal
-
     invoice = finalize_month(acme)
     body = client.get(f"/invoices/{invoice['id']}.csv").text
     records = list(csv.DictReader(io.StringIO(body)))
@@ -200,3 +199,46 @@ def test_pages_need_a_session(any_dashboard) -> None:  # type: ignore[no-untyped
         for path in ("/usage", "/usage.csv", "/cache", "/requests", "/invoices", "/invoices/1", "/invoices/1.pdf"):
             response = anonymous.get(path)
             assert response.status_code in (303, 401) and response.headers.get("location", "/login") == "/login"
+
+
+def usage_api_by_day_and_model(acme: SeededTenant) -> dict[tuple[str, str], list[str]]:
+    """October from GET /v1/organization/usage/completions (a usage:read key), as the page's detail rows."""
+    key = acme.server.new_key(acme.tenant_id, name="reporting", scopes=["usage:read"])
+    start, end = datetime(2026, 10, 1, tzinfo=UTC), datetime(2026, 11, 1, tzinfo=UTC)
+    params: dict[str, object] = {
+        "start_time": int(start.timestamp()),
+        "end_time": int(end.timestamp()),
+        "bucket_width": "1d",
+        "group_by": "model",
+        "limit": 31,
+    }
+    found: dict[tuple[str, str], list[str]] = {}
+    with httpx.Client(base_url=acme.server.base_url, headers={"authorization": f"Bearer {key.key}"}) as api:
+        while True:
+            body = api.get("/v1/organization/usage/completions", params=params).json()
+            for bucket in body["data"]:
+                day = datetime.fromtimestamp(bucket["start_time"], UTC).strftime("%Y-%m-%d")
+                for r in bucket["results"]:
+                    found[(day, r["model"])] = [
+                        str(r["num_model_requests"]),
+                        str(r["input_uncached_tokens"]),
+                        str(r["cache_write_5m_tokens"]),
+                        str(r["cache_write_1h_tokens"]),
+                        str(r["cache_write_24h_tokens"]),
+                        str(r["input_cached_tokens"]),
+                        str(r["output_tokens"]),
+                        r["cost_usd"],
+                        r["uncached_cost_usd"],
+                    ]
+            if not body["has_more"]:
+                return found
+            params["page"] = body["next_page"]
+
+
+def test_usage_table_equals_the_usage_api(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
+    table = rows(client.get(f"/usage?{OCTOBER}").text, "usage-detail")
+    shown = {(r[0], r[1]): [plain(c) for c in r[2:]] for r in table}
+    from_api = usage_api_by_day_and_model(acme)
+    assert shown == from_api and len(shown) >= 31
+    # And the API's own figures add up to the ledger (so all three agree).
+    assert sum(Decimal(v[7]) for v in from_api.values()) == Decimal(acme.ledger_sums()["cost_pico"]).scaleb(-12)

@@ -119,6 +119,9 @@ def test_csv_download_equals_the_table(acme_page: Any, acme: SeededTenant, tmp_p
         "#usage-detail tbody tr", "rows => rows.map(r => [...r.cells].map(c => c.innerText.trim()))"
     )
     assert header[:3] == ["bucket", "key", "requests"]
+    # The total the browser shows is the ledger's, to the pico-dollar.
+    october = acme.ledger_sums("AND started_at >= :s AND started_at < :e", s="2026-10-01", e="2026-11-01")
+    assert int(acme_page.get_attribute("#total-cost", "data-pico")) == october["cost_pico"]
     assert lines == [[plain(c) for c in row] for row in table] and len(lines) >= 31
 
 

@@ -20,6 +20,8 @@ from billing.settlement import settle_charge
 from kvgate.usage import TokenCounts
 
 ENDPOINTS = ("messages", "chat.completions")
+# Long prompts, as prompt caching is for: tens of thousands of tokens a request.
+SCALE = 1000
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,11 @@ def charges_for(*, tenant_id: str, key_ids: list[str], models: list[str], month:
             n += 1
             cached = n % 4 != 0
             counts = TokenCounts(
-                input=40 + 7 * n % 90,
-                cache_write_5m=0 if not cached else (96 if n % 3 == 0 else 0),
-                cache_write_1h=0 if not cached else (64 if n % 3 == 1 else 0),
-                cache_read=0 if not cached else 128 + 16 * (n % 5),
-                output=5 + n % 23,
+                input=SCALE * (40 + 7 * n % 90),
+                cache_write_5m=0 if not cached else SCALE * (96 if n % 3 == 0 else 0),
+                cache_write_1h=0 if not cached else SCALE * (64 if n % 3 == 1 else 0),
+                cache_read=0 if not cached else SCALE * (128 + 16 * (n % 5)),
+                output=5 * SCALE // 10 + n % 23,
             )
             charges.append(
                 UsageCharge(

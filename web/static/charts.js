@@ -44,6 +44,17 @@
     return sums;
   }
 
+  function yValues(unit) {
+    // As many decimals as the axis step needs, so small dollar amounts do not all read "0".
+    return function (u, splits, axis, space, increment) {
+      var decimals = Math.max(0, Math.min(12, Math.ceil(-Math.log10(increment || 1))));
+      return splits.map(function (v) {
+        var text = v.toLocaleString(undefined, { minimumFractionDigits: decimals, maximumFractionDigits: decimals });
+        return unit === "usd" ? "$" + text : unit === "percent" ? text + "%" : text;
+      });
+    };
+  }
+
   function options(figure, data, kind) {
     var stacked = kind === "stacked-bars";
     var bars = stacked && uPlot.paths && uPlot.paths.bars ? uPlot.paths.bars({ size: [0.7, 60] }) : undefined;
@@ -76,11 +87,17 @@
       },
       axes: [
         {
+          // Hours are labelled by their time of day, days by month and day (the table has the full date).
           values: function (u, splits) {
-            return splits.map(function (i) { return data.labels[i] === undefined ? "" : data.labels[i]; });
+            return splits.map(function (i) {
+              var label = data.labels[i];
+              if (label === undefined) return "";
+              if (label.indexOf(" ") > 0) return label.split(" ")[1];
+              return /^\d{4}-\d{2}-\d{2}$/.test(label) ? label.slice(5) : label;
+            });
           },
         },
-        { size: 70 },
+        { size: 80, values: yValues(figure.getAttribute("data-unit")) },
       ],
       legend: { show: true },
     };
