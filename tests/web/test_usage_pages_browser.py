@@ -100,6 +100,33 @@ def test_usage_chart_has_a_point_per_day_or_per_hour(acme_page: Any, acme: Seede
     assert int(plain(today_total)) >= 3
 
 
+def test_toggles_swap_the_view_in_place_and_redraw_the_chart(acme_page: Any, acme: SeededTenant) -> None:
+    """The presets, unit and split are htmx-boosted links: the page is swapped without a reload, the URL
+    follows (filters live in it), and the new chart is drawn from its new table."""
+    base = acme.server.base_url
+    acme_page.goto(f"{base}/usage?{OCTOBER}")
+    assert chart(acme_page, "#usage-chart")["points"] == 31
+    acme_page.evaluate("window.notReloaded = true")
+    acme_page.click("nav[aria-label=Unit] >> text=$")
+    acme_page.wait_for_url("**unit=usd**")
+    acme_page.wait_for_selector("#usage-chart[data-unit=usd][data-points]")
+    acme_page.click("text=7 days")
+    acme_page.wait_for_url("**preset=7d**")
+    drawn = chart(acme_page, "#usage-chart[data-unit=usd]")
+    assert drawn["points"] == drawn["rows"] == 7
+    assert "unit=usd" in acme_page.url and acme_page.evaluate("window.notReloaded") is True
+    acme_page.select_option("select[name=key]", label="beta")
+    acme_page.fill("input[name=start]", "2026-10-05")
+    acme_page.fill("input[name=end]", "2026-10-05")
+    acme_page.click("text=Apply")
+    acme_page.wait_for_url(f"**key={acme.key_ids['beta']}**")
+    assert chart(acme_page, "#usage-chart")["points"] == 24
+    where = "AND api_key_id = :k AND started_at >= :s AND started_at < :e"
+    beta = acme.ledger_sums(where, k=acme.key_ids["beta"], s="2026-10-05", e="2026-10-06")
+    assert int(acme_page.get_attribute("#total-cost", "data-pico")) == beta["cost_pico"]
+    assert acme_page.evaluate("window.notReloaded") is True
+
+
 def test_cache_charts_have_a_point_per_day(acme_page: Any, acme: SeededTenant) -> None:
     acme_page.goto(f"{acme.server.base_url}/cache?{OCTOBER}")
     for selector, series in (("#hit-rate-chart", 1), ("#savings-chart", 3), ("#ttl-mix-chart", 3)):
