@@ -227,11 +227,13 @@ async def usage_buckets(
     api_key_ids: Sequence[str] = (),
     endpoints: Sequence[str] = (),
     statuses: Sequence[str] = (),
+    from_ledger: bool = False,
 ) -> list[Bucket]:
     """A tenant's usage per UTC bucket of `width` over [start, end) widened to whole buckets.
 
     Every bucket is there, in time order; its results are one per group present (sorted by model,
-    then key), none for an empty bucket. Empty filters match everything.
+    then key), none for an empty bucket. Empty filters match everything. `from_ledger` reads the
+    ledger even for hours and days (to check the rollups, or to measure what they save).
     """
     if width not in WIDTHS:
         raise UsageBucketError(f"width must be one of {', '.join(WIDTHS)}, got {width!r}", field="width")
@@ -242,7 +244,7 @@ async def usage_buckets(
     if (last - first) / step > MAX_BUCKETS:
         raise UsageBucketError(f"more than {MAX_BUCKETS} buckets of {width}: narrow the range", field="end")
     where = _Filters(tenant_id, models, api_key_ids, endpoints, statuses)
-    source = LEDGER if width == "1m" else ROLLUPS
+    source = LEDGER if width == "1m" or from_ledger else ROLLUPS
     found = await _sums(
         session=session, source=source, where=where, start=first, end=last, width=width, group_by=grouping
     )
@@ -270,16 +272,18 @@ async def usage_breakdown(
     api_key_ids: Sequence[str] = (),
     endpoints: Sequence[str] = (),
     statuses: Sequence[str] = (),
+    from_ledger: bool = False,
 ) -> list[BucketResult]:
     """A tenant's usage over exactly [start, end), one result per group present (sorted).
 
-    Whole hours come from the rollups; the partial hours at either edge from the ledger.
+    Whole hours come from the rollups; the partial hours at either edge (or, with `from_ledger`,
+    everything) from the ledger.
     """
     _check_range(start, end)
     grouping = _check_group_by(group_by)
     where = _Filters(tenant_id, models, api_key_ids, endpoints, statuses)
     whole_start, whole_end = ceil_to(start, "1h"), floor_to(end, "1h")
-    if whole_start < whole_end:
+    if whole_start < whole_end and not from_ledger:
         pieces = [(ROLLUPS, whole_start, whole_end), (LEDGER, start, whole_start), (LEDGER, whole_end, end)]
     else:
         pieces = [(LEDGER, start, end)]
@@ -312,6 +316,7 @@ async def usage_totals(
     api_key_ids: Sequence[str] = (),
     endpoints: Sequence[str] = (),
     statuses: Sequence[str] = (),
+    from_ledger: bool = False,
 ) -> BucketResult:
     """A tenant's usage summed over exactly [start, end) (zeros when there is none)."""
     results = await usage_breakdown(
@@ -323,5 +328,6 @@ async def usage_totals(
         api_key_ids=api_key_ids,
         endpoints=endpoints,
         statuses=statuses,
+        from_ledger=from_ledger,
     )
     return results[0] if results else empty_result()

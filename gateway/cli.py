@@ -11,7 +11,7 @@ import asyncio
 import functools
 import logging
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -24,13 +24,15 @@ from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE
 
 # Builds the app `kvgate serve` runs (kvgate.app.create_app: the gateway with billing wired in).
 AppFactory = Callable[[GatewaySettings], Any]
+# What other packages say at start-up (the dashboard's address), given the settings serve runs with.
+Banner = Callable[[GatewaySettings], str]
 
 
-def register(subparsers: Any, *, app_factory: AppFactory) -> None:
+def register(subparsers: Any, *, app_factory: AppFactory, banners: Sequence[Banner] = ()) -> None:
     serve = subparsers.add_parser("serve", help="run the gateway with the embedded engine")
     serve.add_argument("--host", help="default KVGATE_HOST or 127.0.0.1")
     serve.add_argument("--port", type=int, help="default KVGATE_PORT or 8080")
-    serve.set_defaults(handler=functools.partial(cmd_serve, app_factory=app_factory))
+    serve.set_defaults(handler=functools.partial(cmd_serve, app_factory=app_factory, banners=banners))
 
     tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
     create = tenants.add_parser("create", help="create a tenant")
@@ -178,7 +180,7 @@ then point an SDK at http://{host}:{port}:
 """
 
 
-def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory) -> int:
+def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory, banners: Sequence[Banner] = ()) -> int:
     import uvicorn
 
     from gateway.connections import uvicorn_options
@@ -194,6 +196,8 @@ def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory) -> int:
     print(f"kvgate: database {make_url(settings.database_url)!r} is migrated", file=sys.stderr, flush=True)
     if not asyncio.run(_has_tenants(settings.database_url)):
         print(FIRST_START.format(host=settings.host, port=settings.port), file=sys.stderr, flush=True)
+    for banner in banners:
+        print(banner(settings), file=sys.stderr, flush=True)
     uvicorn.run(
         app_factory(settings, prewarm_workers=True),
         host=settings.host,

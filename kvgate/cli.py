@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)
     inference_cli.register(subparsers)
-    gateway_cli.register(subparsers, app_factory=create_app)
+    gateway_cli.register(subparsers, app_factory=create_app, banners=(web_cli.serve_banner,))
     billing_cli.register(subparsers)
     web_cli.register(subparsers)
     return parser

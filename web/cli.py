@@ -45,6 +45,21 @@ def register(subparsers: Any) -> None:
     link.set_defaults(handler=_db_command(_link))
 
 
+SERVE_BANNER = """
+kvgate: the dashboard is at {url}/
+  Invite its first member (prints a login link that works once, within {minutes:g} minutes):
+    kvgate members invite <tenant id> you@example.com --role admin
+  The operator logs in at {url}/login with the admin token. Links use KVGATE_PUBLIC_URL when set.
+"""
+
+
+def serve_banner(gateway: GatewaySettings) -> str:
+    """What `kvgate serve` prints about the dashboard: where it is and how to let the first member in."""
+    settings = WebSettings()
+    url = public_url(settings, host=gateway.host, port=gateway.port)
+    return SERVE_BANNER.format(url=url, minutes=settings.login_link_ttl_minutes)
+
+
 Action = Callable[[AsyncSession, argparse.Namespace], Awaitable[None]]
 
 

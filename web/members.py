@@ -39,7 +39,7 @@ class Invitation:
 
 def normalize_email(email: str) -> str:
     value = email.strip().lower()
-    if len(value) > 320 or not _EMAIL.match(value):
+    if len(value) > 320 or not value.isprintable() or not _EMAIL.match(value):
         raise InvalidRequestError(f"{email!r} is not an email address", param="email")
     return value
 

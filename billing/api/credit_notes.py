@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from billing import credit_notes, operations
-from billing.api.deps import MAX_ID, SessionDep, SettingsDep
+from billing.api.deps import MAX_ID, InvoiceId, SessionDep, SettingsDep
 from billing.money import parse_usd
 from billing.schemas import CreditNoteIn, CreditNoteList, CreditNoteOut
 
@@ -16,7 +16,7 @@ router = APIRouter()
 
 @router.post("/invoices/{invoice_id}/credit-notes", status_code=201, response_model=CreditNoteOut)
 async def post_credit_note(
-    invoice_id: int, body: CreditNoteIn, session: SessionDep, settings: SettingsDep
+    invoice_id: InvoiceId, body: CreditNoteIn, session: SessionDep, settings: SettingsDep
 ) -> CreditNoteOut:
     note = await operations.issue_credit_note(
         session=session,

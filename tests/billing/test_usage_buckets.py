@@ -173,6 +173,11 @@ async def test_buckets_sum_to_the_ledger(sessions, pricebook, width):
     assert all(b.end - b.start == step for b in buckets)
     assert buckets[0].results == [] and buckets[-1].results == []
     assert as_dict(buckets) == expected_buckets(entries, start=start, end=end, width=width, step=step)
+    async with sessions() as session:
+        from_ledger = await usage_buckets(
+            session=session, tenant_id=tenant, start=start, end=end, width=width, from_ledger=True
+        )
+    assert from_ledger == buckets
     assert as_dict(by_model_key) == expected_buckets(
         entries, start=start, end=end, width=width, step=step, group_by=("model", "api_key_id")
     )

@@ -52,6 +52,24 @@ def test_tenants_and_keys_commands(cli_db: str, capsys: pytest.CaptureFixture[st
     assert run(capsys, "tenants", "suspend", tenant_id)[1].strip().endswith("suspended")
 
 
+def test_key_scopes_from_the_cli(cli_db: str, capsys: pytest.CaptureFixture[str]) -> None:
+    tenant_id = re.search(r"created tenant (ten_\w+)", run(capsys, "tenants", "create", "Scoped")[1]).group(1)  # type: ignore[union-attr]
+    code, out, _ = run(capsys, "keys", "create", tenant_id, "--name", "plain")
+    assert code == 0 and "(scopes: inference)" in out
+    plain_id = re.search(r"created key (key_\w+)", out).group(1)  # type: ignore[union-attr]
+    code, out, _ = run(capsys, "keys", "create", tenant_id, "--scope", "usage:read", "--scope", "inference")
+    assert code == 0 and "(scopes: inference usage:read)" in out
+    code, out, _ = run(capsys, "keys", "scopes", plain_id, "--scope", "usage:read")
+    assert code == 0 and out.strip().endswith("now has scopes: usage:read")
+    listed = run(capsys, "keys", "list", tenant_id)[1]
+    assert "scopes usage:read" in listed and "scopes inference usage:read" in listed
+    # An unknown scope is a message and exit status 1, on creation and on change.
+    code, _, err = run(capsys, "keys", "create", tenant_id, "--scope", "admin")
+    assert code == 1 and "unknown scope 'admin'" in err
+    code, _, err = run(capsys, "keys", "scopes", plain_id, "--scope", "everything")
+    assert code == 1 and "unknown scope" in err
+
+
 def test_cli_creates_the_database_readable_by_its_owner_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -122,6 +140,8 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
             process.wait()
     assert process.returncode == 0, stderr
     assert "no tenants yet" in stderr and "kvgate tenants create" in stderr
+    # The dashboard's address and how to let its first member in.
+    assert f"the dashboard is at http://127.0.0.1:{port}/" in stderr and "kvgate members invite" in stderr
     token = re.search(r"Generated the admin token.*\n\s+(kvgadm-\S+)", stderr)
     assert token is not None, stderr
     assert (tmp_path / "kvgate.db").exists()

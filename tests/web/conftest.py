@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -225,8 +226,24 @@ def any_dashboard(request: pytest.FixtureRequest) -> Dashboard:
     return request.getfixturevalue("dashboard" if request.param == "sqlite" else "pg_dashboard")
 
 
+@dataclass
+class _Playwright:
+    manager: Any
+    browser: Any
+
+    def resume(self) -> None:
+        """Between its calls, Playwright's sync API leaves its event loop marked as this thread's running loop;
+        that would stop every async test after it (pytest-asyncio cannot run a loop inside another). Browser
+        tests mark it again before they start, and unmark it when they end (see `browser`)."""
+        asyncio._set_running_loop(self.manager._loop)
+
+    @staticmethod
+    def pause() -> None:
+        asyncio._set_running_loop(None)
+
+
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Any]:
+def _playwright() -> Iterator[_Playwright]:
     path = chromium_path()
     if path is None:
         _skipped_for_chromium.append("browser")
@@ -236,12 +253,29 @@ def browser() -> Iterator[Any]:
 
     # Chromium's sandbox needs user namespaces, which containers (and root) often lack.
     args = ["--no-sandbox"] if os.geteuid() == 0 or os.environ.get("CI") else []
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=path, args=args)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    manager = sync_playwright()
+    playwright = manager.start()
+    state = _Playwright(manager, None)
+    try:
+        state.browser = playwright.chromium.launch(executable_path=path, args=args)
+        state.pause()
+        yield state
+        state.resume()
+        state.browser.close()
+    finally:
+        state.resume()
+        manager.__exit__()
+        state.pause()
+
+
+@pytest.fixture
+def browser(_playwright: _Playwright) -> Iterator[Any]:
+    """The session's Chromium (Debian's, driven by Playwright's sync API), for this test."""
+    _playwright.resume()
+    try:
+        yield _playwright.browser
+    finally:
+        _playwright.pause()
 
 
 @pytest.fixture

@@ -161,7 +161,13 @@ def test_the_admin_api_invites_members(any_dashboard: Dashboard) -> None:
     again = admin.post(url, json={"email": "ada@example.com", "role": "viewer"}).json()
     assert again["id"] == body["id"] and again["login_url"] != body["login_url"]
     assert [m["role"] for m in admin.get(url).json()["data"]] == ["viewer"]
-    for bad in ({"email": "not an address"}, {"email": "a@b.c", "role": "owner"}, {"email": "a@b.c", "x": 1}):
+    bad_bodies = (
+        {"email": "not an address"},
+        {"email": "a\u0000b@example.com"},  # PostgreSQL text cannot hold NUL: refused before it gets there
+        {"email": "a@b.c", "role": "owner"},
+        {"email": "a@b.c", "x": 1},
+    )
+    for bad in bad_bodies:
         response = admin.post(url, json=bad)
         assert response.status_code == 400, bad
     assert admin.post("/admin/v1/tenants/ten_nope/members", json={"email": "a@b.co"}).status_code == 404
@@ -189,8 +195,8 @@ def test_kvgate_members_invite_prints_a_working_link(any_dashboard: Dashboard) -
     assert result.returncode == 0, result.stderr
     link = result.stdout.strip()
     assert link.startswith(f"http://127.0.0.1:{settings.port}/login/") and "\n" not in link
-    with any_dashboard.client_for(link) as client:
-        assert "CLI Tenant" in client.get("/").text
+    client = any_dashboard.client_for(link)
+    assert "CLI Tenant" in client.get("/").text
     listed = subprocess.run(
         [sys.executable, "-m", "kvgate.cli", "members", "list", tenant],
         env=env,
@@ -200,6 +206,19 @@ def test_kvgate_members_invite_prints_a_working_link(any_dashboard: Dashboard) -
         check=False,
     )
     assert "grace@example.com" in listed.stdout and "admin" in listed.stdout
+    removed = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "members", "remove", tenant, "GRACE@example.com"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert removed.returncode == 0, removed.stderr
+    try:
+        assert client.get("/").headers["location"] == "/login"  # the session ended with the membership
+    finally:
+        client.close()
     bad = subprocess.run(
         [sys.executable, "-m", "kvgate.cli", "members", "invite", "ten_missing", "a@b.co"],
         env=env,
