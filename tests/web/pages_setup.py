@@ -8,12 +8,13 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any, TypeVar
 
 import httpx
 import sqlalchemy as sa
 
+from billing.periods import month_start
 from kvgate.db import open_database
 from tests.gateway.harness import GatewayServer
 from tests.web.sessions import member_session
@@ -76,6 +77,29 @@ def seed_tenant(
 
     month, cookies = run_async(write)
     return SeededTenant(server=server, tenant_id=tenant_id, key_ids=key_ids, month=month, cookies=cookies)
+
+
+def seed_this_month(seeded: SeededTenant, *, tenant_budget_usd: str, key_budget_usd: str) -> None:
+    """This month so far, as for October, and budgets (the Overview's bars and alerts)."""
+    server = seeded.server
+    now = datetime.now(UTC)
+
+    async def write() -> None:
+        async with open_database(server.database_url) as sessions:
+            await seed_month(
+                sessions,
+                tenant_id=seeded.tenant_id,
+                key_ids=list(seeded.key_ids.values()),
+                models=[server.model, SECOND_MODEL],
+                month=month_start(now),
+                until=now,
+            )
+
+    run_async(write)
+    budget = {"monthly_limit_usd": tenant_budget_usd}
+    server.admin.put(f"/admin/v1/tenants/{seeded.tenant_id}/budget", json=budget).raise_for_status()
+    key_budget = {"monthly_limit_usd": key_budget_usd}
+    server.admin.put(f"/admin/v1/keys/{seeded.key_ids['alpha']}/budget", json=key_budget).raise_for_status()
 
 
 def finalize_month(seeded: SeededTenant) -> dict[str, Any]:

@@ -36,7 +36,10 @@ class SeededMonth:
         return (end - start).days
 
 
-def charges_for(*, tenant_id: str, key_ids: list[str], models: list[str], month: date) -> list[UsageCharge]:
+def charges_for(
+    *, tenant_id: str, key_ids: list[str], models: list[str], month: date, until: datetime | None = None
+) -> list[UsageCharge]:
+    """The month's charges (those that started before `until`, when given)."""
     start, end = month_bounds(month)
     charges, day, n = [], start, 0
     while day < end:
@@ -64,17 +67,23 @@ def charges_for(*, tenant_id: str, key_ids: list[str], models: list[str], month:
                 )
             )
         day += timedelta(days=1)
-    return charges
+    return [c for c in charges if until is None or c.started_at < until]
 
 
 async def seed_month(
-    sessions: async_sessionmaker[AsyncSession], *, tenant_id: str, key_ids: list[str], models: list[str], month: date
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    tenant_id: str,
+    key_ids: list[str],
+    models: list[str],
+    month: date,
+    until: datetime | None = None,
 ) -> SeededMonth:
-    """Settle a month of charges (and reverse one of them) through billing's ledger writer."""
-    charges = charges_for(tenant_id=tenant_id, key_ids=key_ids, models=models, month=month)
+    """Settle a month of charges (up to `until`) and reverse one, through billing's ledger writer."""
+    charges = charges_for(tenant_id=tenant_id, key_ids=key_ids, models=models, month=month, until=until)
     async with sessions() as session:
         book = await catalog.load_pricebook(session=session)
-        recorded_at = month_bounds(month)[1] - timedelta(minutes=1)
+        recorded_at = min(month_bounds(month)[1] - timedelta(minutes=1), until or datetime.max.replace(tzinfo=UTC))
         for charge in charges:
             version = book.price_for(charge.model, charge.started_at)
             await settle_charge(session=session, charge=charge, version=version, source="live", now=recorded_at)
