@@ -13,6 +13,7 @@ from fractions import Fraction
 
 import httpx
 import pytest
+import sqlalchemy as sa
 
 from kvgate.usage import Category
 from tests.web.html_tables import attribute, plain, rows
@@ -242,3 +243,38 @@ def test_usage_table_equals_the_usage_api(acme: SeededTenant, client) -> None:  
     assert shown == from_api and len(shown) >= 31
     # And the API's own figures add up to the ledger (so all three agree).
     assert sum(Decimal(v[7]) for v in from_api.values()) == Decimal(acme.ledger_sums()["cost_pico"]).scaleb(-12)
+
+
+class _StripeInvoices:
+    def retrieve(self, invoice_id: str) -> object:
+        return type("StripeInvoice", (), {"id": invoice_id, "hosted_invoice_url": f"https://pay.example/{invoice_id}"})
+
+
+class _StripeClient:
+    """Stands in for stripe.StripeClient: the dashboard only asks it for an invoice's hosted page."""
+
+    v1 = type("V1", (), {"invoices": _StripeInvoices()})
+
+
+def test_stripe_hosted_link_for_a_pushed_invoice_only_to_its_tenant(
+    acme: SeededTenant, other: SeededTenant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import web.pages.invoices
+
+    invoice = finalize_month(acme)
+    with acme.client() as owner, other.client() as stranger:
+        # Not pushed to Stripe: no link, and /pay is a 404.
+        assert "/pay" not in owner.get(f"/invoices/{invoice['id']}").text
+        assert owner.get(f"/invoices/{invoice['id']}/pay").status_code == 404
+        monkeypatch.setattr(web.pages.invoices, "client_from_settings", lambda settings: _StripeClient())
+        with acme.server.db.begin() as conn:
+            conn.execute(
+                sa.text("UPDATE invoices SET stripe_invoice_id = :s WHERE id = :i"),
+                {"s": f"in_test_{invoice['id']}_{acme.tenant_id[-6:]}", "i": invoice["id"]},
+            )
+        assert f'href="/invoices/{invoice["id"]}/pay"' in owner.get(f"/invoices/{invoice['id']}").text
+        paid = owner.get(f"/invoices/{invoice['id']}/pay", follow_redirects=False)
+        assert paid.status_code == 303
+        assert paid.headers["location"] == f"https://pay.example/in_test_{invoice['id']}_{acme.tenant_id[-6:]}"
+        theirs = stranger.get(f"/invoices/{invoice['id']}/pay", follow_redirects=False)
+        assert theirs.status_code == 404 and "pay.example" not in theirs.text
