@@ -7,8 +7,10 @@
   through its executable path; Playwright never downloads a browser here. Where Chromium is missing, every
   test that needs it skips with a loud message (and the run ends with a banner saying so).
 - `page`: a fresh browser context (its own cookies) per test.
-- helpers on the Dashboard: new_tenant, invite (member + login link), login(page, link), operator_login(page),
-  client_for(link) (an httpx client logged in as that member), csrf_token(client).
+- helpers on the Dashboard: new_tenant, new_key, invite / new_member (a member and its login link), new_link,
+  login(page, link), operator_login(page), client_for(link) / operator_client() (logged-in httpx clients),
+  ask(key) (a request with a cached system prompt), ledger / wait_for_ledger (the ledger's sums), set_budget,
+  web_settings(...) (swap the server's dashboard settings); and csrf_token(html).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.gateway.harness import ADMIN_TOKEN, GatewayServer, Key, pg_reachable, postgres_database
+from web.settings import WebSettings
 
 CHROMIUM_CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
 NO_CHROMIUM = (
@@ -106,6 +110,17 @@ class Dashboard:
     def new_member(self, name: str | None = None, *, role: str = "admin") -> Member:
         """A fresh tenant with one member."""
         return self.invite(self.new_tenant(name), role=role)
+
+    @contextmanager
+    def web_settings(self, settings: WebSettings) -> Iterator[None]:
+        """The running server's dashboard settings swapped for a test (as if KVGATE_PUBLIC_URL etc. were set)."""
+        state = self.server.app.state
+        previous = state.web_settings
+        state.web_settings = settings
+        try:
+            yield
+        finally:
+            state.web_settings = previous
 
     # -- usage ---------------------------------------------------------------------------------
 

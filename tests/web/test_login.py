@@ -16,6 +16,7 @@ import sqlalchemy as sa
 from kvgate import REPO_ROOT
 from kvgate.db import utcnow
 from tests.web.conftest import Dashboard, csrf_token
+from web.settings import WebSettings
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -47,6 +48,16 @@ def test_the_cookie_is_secure_over_https(any_dashboard: Dashboard) -> None:
         response = client.get(path, headers={"x-forwarded-proto": "https"})
         assert response.status_code == 303
         assert "secure" in _set_cookie(response, "kvgate_session").lower()
+
+
+def test_links_and_cookies_follow_an_https_public_url(dashboard: Dashboard) -> None:
+    with dashboard.web_settings(WebSettings(public_url="https://dash.example.com/")):
+        member = dashboard.new_member()
+        assert member.login_url.startswith("https://dash.example.com/login/")
+        with dashboard.client() as client:  # the proxy in front would forward this path to us
+            response = client.get(member.login_url.removeprefix("https://dash.example.com"))
+            assert response.status_code == 303
+            assert "secure" in _set_cookie(response, "kvgate_session").lower()
 
 
 def test_a_link_works_once_and_not_after_expiry(any_dashboard: Dashboard) -> None:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from email import message_from_bytes
 from email.message import Message
 from typing import Any
@@ -52,18 +51,6 @@ def smtp() -> Iterator[tuple[Inbox, str]]:
         controller.stop()
 
 
-@contextmanager
-def web_settings(dashboard: Dashboard, settings: WebSettings) -> Iterator[None]:
-    """The running server's dashboard settings swapped for a test (as if KVGATE_SMTP_URL were set)."""
-    state = dashboard.server.app.state
-    previous = state.web_settings
-    state.web_settings = settings
-    try:
-        yield
-    finally:
-        state.web_settings = previous
-
-
 def _link(message: Message) -> str:
     body = message.get_payload(decode=True).decode()
     found = re.search(r"(http://\S+/login/\S+)", body)
@@ -76,7 +63,7 @@ def test_the_admin_api_mails_the_link_when_smtp_is_set(dashboard: Dashboard, smt
     tenant = dashboard.new_tenant("Mailed Co")
     quiet = dashboard.admin.post(f"/admin/v1/tenants/{tenant}/members", json={"email": "quiet@example.com"})
     assert quiet.json()["emailed"] is False and inbox.messages == []  # no SMTP: nothing sent
-    with web_settings(dashboard, WebSettings(smtp_url=url, smtp_from="dash@example.com")):
+    with dashboard.web_settings(WebSettings(smtp_url=url, smtp_from="dash@example.com")):
         body = dashboard.admin.post(f"/admin/v1/tenants/{tenant}/members", json={"email": "Lin@Example.com"}).json()
     assert body["emailed"] is True and body["mail_error"] is None
     (message,) = inbox.wait_for(1)
@@ -90,7 +77,7 @@ def test_the_admin_api_mails_the_link_when_smtp_is_set(dashboard: Dashboard, smt
 def test_a_failed_delivery_still_returns_the_link(dashboard: Dashboard) -> None:
     tenant = dashboard.new_tenant()
     dead = f"smtp://127.0.0.1:{free_port()}"  # nothing listens there
-    with web_settings(dashboard, WebSettings(smtp_url=dead)):
+    with dashboard.web_settings(WebSettings(smtp_url=dead)):
         body = dashboard.admin.post(f"/admin/v1/tenants/{tenant}/members", json={"email": "x@example.com"}).json()
     assert body["emailed"] is False and body["mail_error"]
     dashboard.client_for(body["login_url"]).close()

@@ -5,7 +5,10 @@ Every refusal is paired with the same request succeeding for the right person wi
 
 from __future__ import annotations
 
+import re
+
 import anthropic
+import httpx
 import pytest
 
 from tests.web.conftest import Dashboard, csrf_token
@@ -31,10 +34,32 @@ def test_creating_a_key_needs_the_csrf_token(any_dashboard: Dashboard) -> None:
             refused = client.post("/keys", data=data)
             assert refused.status_code == 403 and "kvg-" not in refused.text
         assert "<td>k</td>" not in client.get("/keys").text
-        created = client.post("/keys", data={"name": "k", "csrf_token": token})
+        created = client.post("/keys", data={"name": "k", "csrf_token": token, "scopes": "inference"})
         assert created.status_code == 201 and 'id="new-key">kvg-' in created.text
         bad = client.post("/keys", data={"name": " ", "csrf_token": token})
         assert bad.status_code == 400
+
+
+def test_a_key_is_made_with_the_scopes_ticked(any_dashboard: Dashboard) -> None:
+    member = any_dashboard.new_member(role="admin")
+    with any_dashboard.client_for(member.login_url) as client:
+        token = csrf_token(client.get("/keys").text)
+        reader = client.post("/keys", data={"name": "reader", "csrf_token": token, "scopes": ["usage:read"]})
+        assert reader.status_code == 201
+        plaintext = re.search(r'id="new-key">(kvg-[^<]+)<', reader.text).group(1)
+        usage = httpx.get(
+            f"{any_dashboard.base_url}/v1/key", headers={"authorization": f"Bearer {plaintext}"}, timeout=60
+        )
+        assert usage.status_code == 200
+        with pytest.raises(anthropic.PermissionDeniedError):  # no inference scope
+            any_dashboard.server.anthropic(plaintext).messages.create(
+                model=any_dashboard.server.model, max_tokens=1, messages=[{"role": "user", "content": "hi"}]
+            )
+        none = client.post("/keys", data={"name": "nothing", "csrf_token": token})
+        assert none.status_code == 400 and "at least one scope" in none.text
+        both = client.post("/keys", data={"name": "both", "csrf_token": token, "scopes": ["inference", "usage:read"]})
+        assert both.status_code == 201
+        assert '<td class="scopes">inference usage:read</td>' in client.get("/keys").text
 
 
 def test_another_tenants_key_id_in_a_revoke_form_is_not_found(any_dashboard: Dashboard) -> None:

@@ -12,7 +12,8 @@ from starlette.responses import RedirectResponse, Response
 from gateway.api.deps import GatewayDep
 from gateway.services import keys as key_service
 from kvgate.db import utcnow
-from kvgate.tenancy import ApiKey
+from kvgate.errors import InvalidRequestError
+from kvgate.tenancy import KEY_SCOPES, ApiKey
 from web.deps import NotAllowed, PageNotFound, TenantCsrfViewerDep, TenantViewerDep, Viewer
 from web.rendering import page
 from web.summaries import key_limits, key_names, key_spend
@@ -47,6 +48,7 @@ async def _render(
     return page(
         request,
         "keys.html",
+        key_scopes=KEY_SCOPES,
         status_code=status_code,
         viewer=viewer,
         active="keys",
@@ -73,6 +75,7 @@ async def create_key(
     gw: GatewayDep,
     name: Annotated[str, Form(max_length=200)] = "",
     requests_per_minute: Annotated[str, Form(max_length=12)] = "",
+    scopes: Annotated[list[str] | None, Form()] = None,
 ) -> Response:
     _require_admin(viewer)
     name = name.strip()
@@ -80,9 +83,17 @@ async def create_key(
     if not name or (rpm and (not rpm.isdigit() or not 0 < int(rpm) <= 10_000_000)):
         error = "A key needs a name; requests per minute, if given, is a whole number from 1 to 10,000,000."
         return await _render(request, viewer, gw, status_code=400, error=error)
+    try:
+        granted = key_service.check_scopes(scopes or ())
+    except InvalidRequestError as exc:
+        return await _render(request, viewer, gw, status_code=400, error=f"{exc.message}.")
     async with gw.sessions() as session:
         key, plaintext = await key_service.create_key(
-            session, tenant_id=viewer.tenant_id or "", name=name, requests_per_minute=int(rpm) if rpm else None
+            session,
+            tenant_id=viewer.tenant_id or "",
+            name=name,
+            requests_per_minute=int(rpm) if rpm else None,
+            scopes=granted,
         )
     # The key is in this response only (no redirect): it is never stored, and never shown again.
     return await _render(request, viewer, gw, status_code=201, created=key, plaintext=plaintext)
