@@ -12,7 +12,7 @@ CHROMIUM ?= /usr/bin/chromium
 # Playwright (a dev dependency) drives Debian's chromium through its path; it never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: install browser pango run test lint bench clean
+.PHONY: install browser pango run test screenshots lint bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,10 @@ browser:
 
 test: $(STAMP) browser
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The dashboard screenshots in docs/images/ (shown in docs/dashboard.md), retaken in Chromium.
+screenshots: $(STAMP) browser
+	KVGATE_WRITE_SCREENSHOTS=1 $(VENV)/bin/pytest tests/web/test_usage_pages_browser.py -k screenshot
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

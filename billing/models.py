@@ -79,6 +79,8 @@ class LedgerEntry(Base):
         Index("ix_ledger_entries_tenant_month", "tenant_id", "billing_month"),
         Index("ix_ledger_entries_tenant_started", "tenant_id", "started_at"),
         Index("ix_ledger_entries_key_started", "api_key_id", "started_at"),
+        # The dashboard's Requests page: a tenant's entries newest first, paged by id.
+        Index("ix_ledger_entries_tenant_id_id", "tenant_id", "id"),
     )
 
     id: Mapped[int] = mapped_column(IdType, primary_key=True, autoincrement=True)

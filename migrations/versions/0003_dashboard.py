@@ -1,4 +1,5 @@
-"""Dashboard: members, login links, browser sessions, key scopes, and hourly usage rollups.
+"""Dashboard: members, login links, browser sessions, key scopes, hourly usage rollups, and the
+ledger index the Requests page pages by.
 
 Revision ID: 0003_dashboard
 Revises: 0002_billing
@@ -98,6 +99,8 @@ def upgrade() -> None:
     )
     with op.batch_alter_table("usage_rollups", schema=None) as batch_op:
         batch_op.create_index("ix_usage_rollups_hour", ["hour"], unique=False)
+    with op.batch_alter_table("ledger_entries", schema=None) as batch_op:
+        batch_op.create_index("ix_ledger_entries_tenant_id_id", ["tenant_id", "id"], unique=False)
     _backfill_rollups(rollups)
 
 
@@ -136,6 +139,8 @@ def _backfill_rollups(rollups: sa.Table) -> None:
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("ledger_entries", schema=None) as batch_op:
+        batch_op.drop_index("ix_ledger_entries_tenant_id_id")
     with op.batch_alter_table("usage_rollups", schema=None) as batch_op:
         batch_op.drop_index("ix_usage_rollups_hour")
     op.drop_table("usage_rollups")
