@@ -110,3 +110,36 @@ def test_pages_set_a_strict_csp(any_dashboard: Dashboard) -> None:
             csp = response.headers["content-security-policy"]
             assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
             assert response.headers["cache-control"] == "no-store"
+
+
+def test_billing_members_edit_the_billing_profile_and_viewers_cannot(any_dashboard: Dashboard) -> None:
+    billing = any_dashboard.new_member(role="billing")
+    viewer = any_dashboard.invite(billing.tenant_id, role="viewer")
+    form = {
+        "legal_name": "Beispiel GmbH",
+        "email": "rechnung@beispiel.test",
+        "line1": "Hauptstraße 1",
+        "city": "Berlin",
+        "postal_code": "10115",
+        "country": "DE",
+        "tax_id_type": "eu_vat",
+        "tax_id_value": "DE123456789",
+        "treatment": "standard",
+        "rate_percent": "19",
+    }
+    with any_dashboard.client_for(viewer.login_url) as client:
+        shown = client.get("/billing-profile")
+        assert shown.status_code == 200 and "disabled" in shown.text
+        token = csrf_token(shown.text)
+        assert client.post("/billing-profile", data={**form, "csrf_token": token}).status_code == 403
+    with any_dashboard.client_for(billing.login_url) as client:
+        token = csrf_token(client.get("/billing-profile").text)
+        assert client.post("/billing-profile", data=form).status_code == 403  # no CSRF token
+        bad = client.post("/billing-profile", data={**form, "rate_percent": "", "csrf_token": token})
+        assert bad.status_code == 400 and "rate_percent" in bad.text
+        saved = client.post("/billing-profile", data={**form, "csrf_token": token}, follow_redirects=False)
+        assert saved.status_code == 303
+        page = client.get("/billing-profile").text
+        assert 'value="Beispiel GmbH"' in page and 'value="DE123456789"' in page and 'value="19"' in page
+    admin_api = any_dashboard.admin.get(f"/admin/v1/tenants/{billing.tenant_id}/billing-profile")
+    assert admin_api.json()["tax"] == {"treatment": "standard", "rate_percent": 19, "note": None}

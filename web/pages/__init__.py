@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from web.pages import admin, cache, invoices, keys, login, overview, requests, usage
+from web.pages import admin, billing_profile, cache, invoices, keys, login, overview, requests, usage
 
 router = APIRouter(include_in_schema=False)
-for module in (admin, keys, login, overview, usage, cache, requests, invoices):
+for module in (admin, keys, login, overview, usage, cache, requests, invoices, billing_profile):
     router.include_router(module.router)
