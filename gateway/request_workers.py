@@ -126,13 +126,19 @@ class RequestWorkers:
         executor, self._executor = self._executor, None
         if executor is None:
             return
-        processes = list((executor._processes or {}).values())
+        # shutdown() drops the executor's reference to its workers, not the dict itself.
+        workers = executor._processes
+        # The fork server first: a worker start still waiting for its preload (the prewarm, on a
+        # loaded machine) then fails at once instead of holding the executor's lock, and so
+        # shutdown(), until the import is done. Again after: a start that got in first has made one.
+        _stop_fork_server()
         executor.shutdown(wait=False, cancel_futures=True)
+        _stop_fork_server()
+        processes = list((workers or {}).values())
         for process in processes:
             process.kill()
         for process in processes:
             process.join(timeout=WORKER_JOIN_S)
-        _stop_fork_server()
 
 
 def _stop_fork_server() -> None:

@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ class Served:
     database: Path
     trigger: Path
     key: str
+    stderr_lines: list[str] = field(default_factory=list)
 
     def stream(self, result: dict[str, Any], started: threading.Event) -> None:
         """A long streamed generation: records the body it got, sets `started` at the first text."""
@@ -69,10 +70,20 @@ class Served:
         finally:
             db.dispose()
 
+    def leftovers(self) -> str:
+        return f"a child still holds its stderr:\n{self.group()}\n{''.join(self.stderr_lines[-15:])}"
+
+    def group(self) -> str:
+        """What is left of the server's process group, as ps shows it."""
+        listing = subprocess.run(
+            ["ps", "-o", "pid,ppid,stat,etime,args", "-g", str(self.process.pid)], capture_output=True
+        )
+        return listing.stdout.decode(errors="replace")
+
     def stderr_closes_within(self, seconds: float) -> bool:
         """Whether the server's stderr reaches end of file (every holder has closed it) in time."""
         assert self.process.stderr is not None
-        reader = threading.Thread(target=self.process.stderr.read, daemon=True)
+        reader = threading.Thread(target=lambda: self.stderr_lines.extend(self.process.stderr), daemon=True)
         reader.start()
         reader.join(seconds)
         return not reader.is_alive()
@@ -155,7 +166,7 @@ def test_sigterm_stops_serve_in_time_with_a_generation_in_flight_and_records_it(
         thread.join(30)
         assert served.process.returncode in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it caught
         # Nothing it started (its request workers, their fork server) still holds its stderr open.
-        assert served.stderr_closes_within(10), "a child of kvgate serve still holds its stderr"
+        assert served.stderr_closes_within(10), served.leftovers()
     assert took < GRACE_S + EXIT_MARGIN_S, took
     record = served.record(result["request_id"])
     assert record is not None and record["status"] == "cancelled", record
