@@ -195,7 +195,9 @@ async def _sums(
         bucket = None
         if width is not None:
             text = values.pop(0)
-            bucket = parsed.get(text) or parsed.setdefault(text, _parse_bucket(text, width))
+            if text not in parsed:
+                parsed[text] = _parse_bucket(text, width)
+            bucket = parsed[text]
         grouped = {name: values.pop(0) for name in group_by}
         requests, *sums = values
         if requests is None:  # an aggregate over no rows at all
