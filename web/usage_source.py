@@ -1,7 +1,8 @@
 """Where the Usage and Cache pages read their numbers: the hourly usage rollups of one tenant.
 
 Sums come from billing's usage_buckets (the query behind the usage API too, so the page and the API
-agree by construction), per hour, model and key; the pages fold them into their buckets and splits.
+agree by construction), per hour (or day: row_width), model and key; the pages fold them into their
+buckets and splits.
 Filter menus read the distinct values straight from the rollups.
 """
 
@@ -9,21 +10,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.models import UsageRollup
-from billing.usage_buckets import usage_buckets
+from billing.pricebook import PriceBook
+from billing.usage_buckets import Width, floor_to, usage_buckets
 from billing.usage_rollups import NO_KEY
 from kvgate.tenancy import ApiKey
 from kvgate.usage import TokenCounts
 from web.usage_view import UsageView
 
 
-@dataclass(frozen=True)
-class HourRow:
+class HourRow(NamedTuple):
+    """A tuple, not a frozen dataclass: a month by model and key is ten thousand of them, built per page view."""
+
     hour: datetime
+    """The row's hour, or its day (row_width)."""
     model: str
     api_key_id: str
     """NO_KEY ("") for usage without a key."""
@@ -43,14 +48,29 @@ class FilterChoices:
     key_names: dict[str, str]
 
 
-async def hour_rows(*, session: AsyncSession, tenant_id: str, view: UsageView) -> list[HourRow]:
-    """The tenant's usage in the view's range and filters, summed per hour, model and key."""
+def row_width(view: UsageView, prices: PriceBook) -> Width:
+    """Days for a view by day in which no price version starts within a day, else hours.
+
+    Rows are priced by category at the version in force at their start (web.usage_tables.price). When no
+    version starts within a day, one version holds the whole day, so a day's row prices exactly as its
+    24 hours do: a month by model and key is then hundreds of rows, not ten thousand to fold per view.
+    """
+    if view.hourly:
+        return "1h"
+    changes = (v.effective_from for v in prices.versions())
+    within_a_day = any(view.start < at < view.end and at != floor_to(at, "1d") for at in changes)
+    return "1h" if within_a_day else "1d"
+
+
+async def hour_rows(*, session: AsyncSession, tenant_id: str, view: UsageView, prices: PriceBook) -> list[HourRow]:
+    """The tenant's usage in the view's range and filters, summed per model and key and per hour
+    (or per day, where that prices the same: row_width)."""
     buckets = await usage_buckets(
         session=session,
         tenant_id=tenant_id,
         start=view.start,
         end=view.end,
-        width="1h",
+        width=row_width(view, prices),
         group_by=("model", "api_key_id"),
         models=_one(view.model),
         api_key_ids=_one(view.key),

@@ -24,6 +24,8 @@ from web.usage_source import HourRow, key_label
 from web.usage_view import UsageView
 
 CATEGORIES = tuple(Category)
+# (category, its field name): Enum's .value is slow, and a month's fold reads it tens of thousands of times.
+_FIELDS = tuple((c, c.value) for c in CATEGORIES)
 
 
 WRITES = (Category.CACHE_WRITE_5M, Category.CACHE_WRITE_1H, Category.CACHE_WRITE_24H)
@@ -40,21 +42,37 @@ class Priced:
 @dataclass
 class Sums:
     requests: int = 0
-    counts: TokenCounts = field(default_factory=TokenCounts)
+    tokens: list[int] = field(default_factory=lambda: [0] * len(CATEGORIES))
+    """Token counts in CATEGORIES order: plain ints, as a month folds thousands of hour rows."""
     cost_pico: int = 0
     uncached_cost_pico: int = 0
     category_cost_pico: dict[Category, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
     reads_at_input_pico: int = 0
     """What the cache reads would have cost as plain input."""
 
+    @property
+    def counts(self) -> TokenCounts:
+        return TokenCounts(*self.tokens)
+
     def add(self, row: HourRow, priced: Priced) -> None:
         self.requests += row.requests
-        self.counts = self.counts + row.counts
+        for index, (_, name) in enumerate(_FIELDS):
+            self.tokens[index] += getattr(row.counts, name)
         self.cost_pico += row.cost_pico
         self.uncached_cost_pico += row.uncached_cost_pico
         for category, pico in priced.category_cost_pico.items():
             self.category_cost_pico[category] += pico
         self.reads_at_input_pico += row.counts.cache_read * priced.input_rate_pico
+
+    def merge(self, other: Sums) -> None:
+        """Add another sum (of other rows) to this one."""
+        self.requests += other.requests
+        self.tokens = [mine + theirs for mine, theirs in zip(self.tokens, other.tokens, strict=True)]
+        self.cost_pico += other.cost_pico
+        self.uncached_cost_pico += other.uncached_cost_pico
+        for category, pico in other.category_cost_pico.items():
+            self.category_cost_pico[category] += pico
+        self.reads_at_input_pico += other.reads_at_input_pico
 
     @property
     def write_cost_pico(self) -> int:
@@ -76,7 +94,7 @@ class Sums:
 
     def value(self, category: Category, unit: str) -> int:
         """A category's tokens, or its cost in pico-dollars."""
-        return self.category_cost_pico[category] if unit == "usd" else getattr(self.counts, category.value)
+        return self.category_cost_pico[category] if unit == "usd" else self.tokens[CATEGORIES.index(category)]
 
 
 @dataclass(frozen=True)
@@ -104,21 +122,23 @@ def price(row: HourRow, prices: PriceBook) -> Priced:
     except NoPriceError:
         return Priced({}, 0)
     # A category the version does not offer has no tokens either (the gateway refuses such requests).
-    costs = {c: tokens * (getattr(rates, c.value) or 0) for c, tokens in row.counts.by_category().items()}
+    costs = {c: getattr(row.counts, name) * (getattr(rates, name) or 0) for c, name in _FIELDS}
     return Priced(costs, rates.input)
 
 
 def fold(rows: Iterable[HourRow], *, view: UsageView, prices: PriceBook, key_names: dict[str, str]) -> UsageTables:
-    by_bucket: dict[datetime, Sums] = {start: Sums() for start in view.buckets()}
     by_cell: dict[tuple[datetime, str], Sums] = defaultdict(Sums)
+    for row in rows:
+        split = row.model if view.split == "model" else key_label(row.api_key_id, key_names)
+        by_cell[(view.bucket_of(row.hour), split)].add(row, price(row, prices))
+    # Buckets, splits and the total are sums of the cells (a month: hundreds), not of every hour row
+    # again (a month by model and key: thousands, each a TokenCounts addition).
+    by_bucket: dict[datetime, Sums] = {start: Sums() for start in view.buckets()}
     by_split: dict[str, Sums] = defaultdict(Sums)
     total = Sums()
-    for row in rows:
-        priced = price(row, prices)
-        bucket = view.bucket_of(row.hour)
-        split = row.model if view.split == "model" else key_label(row.api_key_id, key_names)
-        for sums in (by_bucket.setdefault(bucket, Sums()), by_cell[(bucket, split)], by_split[split], total):
-            sums.add(row, priced)
+    for (bucket, split), cell in by_cell.items():
+        for sums in (by_bucket.setdefault(bucket, Sums()), by_split[split], total):
+            sums.merge(cell)
     return UsageTables(
         view=view,
         buckets=[(view.label(start), sums) for start, sums in sorted(by_bucket.items())],

@@ -26,7 +26,7 @@ async def cache(request: Request, viewer: TenantViewerDep, service: ServiceDep, 
     except ViewError as exc:
         return page(request, "error.html", status_code=400, viewer=viewer, message=str(exc))
     choices = await filter_choices(session=session, tenant_id=viewer.tenant_id)
-    rows = await hour_rows(session=session, tenant_id=viewer.tenant_id, view=view)
+    rows = await hour_rows(session=session, tenant_id=viewer.tenant_id, view=view, prices=service.pricebook)
     by_model = fold(rows, view=replace(view, split="model"), prices=service.pricebook, key_names=choices.key_names)
     by_key = fold(rows, view=replace(view, split="key"), prices=service.pricebook, key_names=choices.key_names)
     return page(

@@ -22,7 +22,7 @@ async def _tables(
     assert viewer.tenant_id is not None
     view = parse_view(request.query_params, now=utcnow())
     choices = await filter_choices(session=session, tenant_id=viewer.tenant_id)
-    rows = await hour_rows(session=session, tenant_id=viewer.tenant_id, view=view)
+    rows = await hour_rows(session=session, tenant_id=viewer.tenant_id, view=view, prices=service.pricebook)
     return view, fold(rows, view=view, prices=service.pricebook, key_names=choices.key_names), choices
 
 
