@@ -37,12 +37,12 @@ def register(subparsers: Any, *, app_factory: AppFactory, banners: Sequence[Bann
     tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
     create = tenants.add_parser("create", help="create a tenant")
     create.add_argument("name")
-    create.set_defaults(handler=_db_command(_tenants_create))
-    tenants.add_parser("list", help="list tenants").set_defaults(handler=_db_command(_tenants_list))
+    create.set_defaults(handler=db_command(_tenants_create))
+    tenants.add_parser("list", help="list tenants").set_defaults(handler=db_command(_tenants_list))
     for action, suspended in (("suspend", True), ("activate", False)):
         sub = tenants.add_parser(action, help=f"{action} a tenant")
         sub.add_argument("tenant_id")
-        sub.set_defaults(handler=_db_command(_tenants_set_status(suspended)))
+        sub.set_defaults(handler=db_command(_tenants_set_status(suspended)))
 
     keys = subparsers.add_parser("keys", help="manage API keys").add_subparsers(dest="action", required=True)
     create = keys.add_parser("create", help="issue an API key for a tenant (shown once)")
@@ -58,20 +58,22 @@ def register(subparsers: Any, *, app_factory: AppFactory, banners: Sequence[Bann
         metavar="SCOPE",
         help=f"what the key may do, repeatable: {', '.join(KEY_SCOPES)} (default {SCOPE_INFERENCE})",
     )
-    create.set_defaults(handler=_db_command(_keys_create))
+    create.set_defaults(handler=db_command(_keys_create))
     scopes = keys.add_parser("scopes", help="set an API key's scopes (replacing its old ones)")
     scopes.add_argument("key_id")
     scopes.add_argument("--scope", action="append", dest="scopes", metavar="SCOPE", required=True, help="repeatable")
-    scopes.set_defaults(handler=_db_command(_keys_scopes))
+    scopes.set_defaults(handler=db_command(_keys_scopes))
     revoke = keys.add_parser("revoke", help="revoke an API key")
     revoke.add_argument("key_id")
-    revoke.set_defaults(handler=_db_command(_keys_revoke))
+    revoke.set_defaults(handler=db_command(_keys_revoke))
     listing = keys.add_parser("list", help="list a tenant's API keys")
     listing.add_argument("tenant_id")
-    listing.set_defaults(handler=_db_command(_keys_list))
+    listing.set_defaults(handler=db_command(_keys_list))
 
 
-def _db_command(action: Callable[[Any, argparse.Namespace], Awaitable[None]]) -> Callable[[argparse.Namespace], int]:
+def db_command(action: Callable[[Any, argparse.Namespace], Awaitable[None]]) -> Callable[[argparse.Namespace], int]:
+    """A handler running `action(session, args)` on the migrated database; a KvgateError: one line, exit 1."""
+
     def handler(args: argparse.Namespace) -> int:
         url = GatewaySettings().database_url
         migrate(url)

@@ -7,17 +7,15 @@ print the single-use login link on stdout (and mail it when KVGATE_SMTP_URL is s
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from gateway.cli import db_command
 from gateway.settings import GatewaySettings
-from kvgate.db import migrate, open_database
-from kvgate.errors import KvgateError, NotFoundError
+from kvgate.errors import NotFoundError
 from kvgate.tenancy import MEMBER_ROLES
 from web import members
 from web.mail import MAIL_ERRORS, send_login_link
@@ -31,18 +29,18 @@ def register(subparsers: Any) -> None:
     invite.add_argument("tenant_id")
     invite.add_argument("email")
     invite.add_argument("--role", choices=MEMBER_ROLES, default="viewer")
-    invite.set_defaults(handler=_db_command(_invite))
+    invite.set_defaults(handler=db_command(_invite))
     listing = actions.add_parser("list", help="list a tenant's members")
     listing.add_argument("tenant_id")
-    listing.set_defaults(handler=_db_command(_list))
+    listing.set_defaults(handler=db_command(_list))
     remove = actions.add_parser("remove", help="remove a member (ends their sessions)")
     remove.add_argument("tenant_id")
     remove.add_argument("member", help="the member's id or email")
-    remove.set_defaults(handler=_db_command(_remove))
+    remove.set_defaults(handler=db_command(_remove))
     link = actions.add_parser("link", help="print a new login link for a member")
     link.add_argument("tenant_id")
     link.add_argument("member", help="the member's id or email")
-    link.set_defaults(handler=_db_command(_link))
+    link.set_defaults(handler=db_command(_link))
 
 
 SERVE_BANNER = """
@@ -58,28 +56,6 @@ def serve_banner(gateway: GatewaySettings) -> str:
     settings = WebSettings()
     url = public_url(settings, host=gateway.host, port=gateway.port)
     return SERVE_BANNER.format(url=url, minutes=settings.login_link_ttl_minutes)
-
-
-Action = Callable[[AsyncSession, argparse.Namespace], Awaitable[None]]
-
-
-def _db_command(action: Action) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        url = GatewaySettings().database_url
-        migrate(url)
-
-        async def run() -> None:
-            async with open_database(url) as sessions, sessions() as session:
-                await action(session, args)
-
-        try:
-            asyncio.run(run())
-        except KvgateError as exc:
-            print(f"error: {exc.message}", file=sys.stderr)
-            return 1
-        return 0
-
-    return handler
 
 
 def _base_url() -> tuple[WebSettings, str]:
