@@ -27,26 +27,24 @@ from billing.settings import BillingSettings
 from billing.stripe_sync import client_from_settings
 from billing.usage_queries import to_row
 from kvgate.usage import CATEGORY_LABELS
-from web.deps import TenantViewerDep, Viewer
+from web.deps import PageNotFound, TenantViewerDep, Viewer
 from web.rendering import SECURITY_HEADERS, page
 
 router = APIRouter()
 CSV_PAGE = 1000
-
-
-class InvoiceNotFound(Exception):
-    """No invoice of the viewer's tenant has this id (whether or not another tenant's has)."""
+NO_SUCH_INVOICE = "No such invoice."
 
 
 async def own_invoice(session: AsyncSession, viewer: Viewer, invoice_id: int) -> invoices.InvoiceView:
+    """The viewer's tenant's invoice; any other id (another tenant's too) is a 404 page."""
     if not 1 <= invoice_id <= MAX_ID:
-        raise InvoiceNotFound()
+        raise PageNotFound(NO_SUCH_INVOICE)
     try:
         view = await invoices.view_invoice(session=session, invoice_id=invoice_id)
     except invoices.InvoiceNotFoundError:
-        raise InvoiceNotFound() from None
+        raise PageNotFound(NO_SUCH_INVOICE) from None
     if view.invoice.tenant_id != viewer.tenant_id:
-        raise InvoiceNotFound()
+        raise PageNotFound(NO_SUCH_INVOICE)
     return view
 
 
@@ -59,10 +57,6 @@ async def _document(session: AsyncSession, view: invoices.InvoiceView, settings:
         payment_instructions=settings.payment_instructions,
         payment_terms_days=settings.payment_terms_days,
     )
-
-
-def _not_found(request: Request, viewer: Viewer) -> Response:
-    return page(request, "not_found.html", status_code=404, viewer=viewer, message="No such invoice.")
 
 
 @router.get("/invoices")
@@ -78,10 +72,7 @@ async def invoice_list(request: Request, viewer: TenantViewerDep, session: Sessi
 async def invoice_page(
     request: Request, invoice_id: int, viewer: TenantViewerDep, session: SessionDep, settings: SettingsDep
 ) -> Response:
-    try:
-        view = await own_invoice(session, viewer, invoice_id)
-    except InvoiceNotFound:
-        return _not_found(request, viewer)
+    view = await own_invoice(session, viewer, invoice_id)
     document = await _document(session, view, settings)
     stripe = view.invoice.stripe_invoice_id is not None and client_from_settings(settings) is not None
     return page(
@@ -100,10 +91,7 @@ async def invoice_page(
 async def invoice_pdf(
     request: Request, invoice_id: int, viewer: TenantViewerDep, session: SessionDep, settings: SettingsDep
 ) -> Response:
-    try:
-        view = await own_invoice(session, viewer, invoice_id)
-    except InvoiceNotFound:
-        return _not_found(request, viewer)
+    view = await own_invoice(session, viewer, invoice_id)
     document = await _document(session, view, settings)
     pdf = await asyncio.to_thread(render_pdf, document)
     name = document.number or f"draft-{invoice_id}"
@@ -116,10 +104,7 @@ async def invoice_csv(
     request: Request, invoice_id: int, viewer: TenantViewerDep, session: SessionDep, service: ServiceDep
 ) -> Response:
     """Every ledger entry billed on the invoice, with exact amounts (they add up to its exact total)."""
-    try:
-        view = await own_invoice(session, viewer, invoice_id)
-    except InvoiceNotFound:
-        return _not_found(request, viewer)
+    view = await own_invoice(session, viewer, invoice_id)
     invoice = view.invoice
     name = invoice.number or f"draft-{invoice_id}"
     headers = {**SECURITY_HEADERS, "content-disposition": f'attachment; filename="{name}.csv"'}
@@ -164,16 +149,13 @@ async def invoice_stripe(
     request: Request, invoice_id: int, viewer: TenantViewerDep, session: SessionDep, settings: SettingsDep
 ) -> Response:
     """Stripe's hosted page for the invoice (asked of Stripe each time: the link is Stripe's to change)."""
-    try:
-        view = await own_invoice(session, viewer, invoice_id)
-    except InvoiceNotFound:
-        return _not_found(request, viewer)
+    view = await own_invoice(session, viewer, invoice_id)
     client = client_from_settings(settings)
     stripe_id = view.invoice.stripe_invoice_id
     if client is None or stripe_id is None:
-        return _not_found(request, viewer)
+        raise PageNotFound(NO_SUCH_INVOICE)
     remote = await asyncio.to_thread(client.v1.invoices.retrieve, stripe_id)
     url = getattr(remote, "hosted_invoice_url", None)
     if not url:
-        return page(request, "not_found.html", status_code=404, viewer=viewer, message="Stripe has no page for it yet.")
+        raise PageNotFound("Stripe has no page for it yet.")
     return RedirectResponse(url, status_code=303)
