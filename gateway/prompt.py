@@ -40,9 +40,32 @@ class TextPart:
 
 
 @dataclass(frozen=True)
+class ToolCallPart:
+    """A tool call the assistant made earlier in the conversation (Anthropic tool_use, OpenAI tool_calls)."""
+
+    id: str
+    name: str
+    arguments: str  # the call's input as JSON text
+    ttl_s: int | None = None
+
+
+@dataclass(frozen=True)
+class ToolResultPart:
+    """The result of an earlier tool call, sent back by the client (Anthropic tool_result, OpenAI tool message)."""
+
+    tool_call_id: str
+    content: str
+    is_error: bool = False
+    ttl_s: int | None = None
+
+
+ChatPart = TextPart | ToolCallPart | ToolResultPart
+
+
+@dataclass(frozen=True)
 class ChatMessage:
-    role: str  # "system", "user" or "assistant"
-    parts: tuple[TextPart, ...]
+    role: str  # "system", "user", "assistant" or "tool"
+    parts: tuple[ChatPart, ...]
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,22 @@ class CacheSpec:
     regions: tuple[CacheRegion, ...] | None = None
 
 
+StructuredKind = Literal["json_object", "json_schema", "grammar"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Constrains decoding so the output always matches a format.
+
+    kind "json_object": any JSON object (value is ignored, "").
+    kind "json_schema": value is a JSON Schema, as JSON text; the output validates against it.
+    kind "grammar": value is a grammar in llguidance's Lark syntax (`%json {...}` embeds a schema).
+    """
+
+    kind: StructuredKind
+    value: str = ""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Decoding controls, as in vLLM. temperature 0 means greedy; top_k 0 means off."""
@@ -55,6 +71,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    structured: StructuredOutput | None = None
 
 
 @dataclass(frozen=True)
