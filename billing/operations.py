@@ -15,7 +15,7 @@ import stripe
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog, credit_notes, invoices, profiles, stripe_sync
+from billing import budget_limits, budgets, catalog, credit_notes, invoices, profiles, stripe_sync
 from billing.budgets import BudgetStatus, UnknownOwnerError
 from billing.catalog import SeedResult
 from billing.errors import NotConfiguredError
@@ -73,7 +73,7 @@ async def set_tenant_budget(
 ) -> BudgetStatus:
     """Set a tenant's monthly limit (None: no limit) and, unless None, its prepaid mode."""
     await _require_tenant(session, tenant_id)
-    await budgets.set_tenant_budget(
+    await budget_limits.set_tenant_budget(
         session=session, tenant_id=tenant_id, monthly_limit_pico=monthly_limit_pico, prepaid=prepaid
     )
     await session.commit()
@@ -84,7 +84,7 @@ async def set_key_budget(*, session: AsyncSession, key_id: str, monthly_limit_pi
     key = await session.get(ApiKey, key_id)
     if key is None:
         raise UnknownOwnerError(f"no API key {key_id}")
-    budget = await budgets.set_key_budget(
+    budget = await budget_limits.set_key_budget(
         session=session, tenant_id=key.tenant_id, api_key_id=key_id, monthly_limit_pico=monthly_limit_pico
     )
     await session.commit()
@@ -96,7 +96,7 @@ async def grant_credit(
 ) -> tuple[CreditGrant, bool]:
     """Add prepaid credit; (grant, created): a repeated idempotency key returns the first grant."""
     await _require_tenant(session, tenant_id)
-    grant, created = await budgets.grant_credit(
+    grant, created = await budget_limits.grant_credit(
         session=session, tenant_id=tenant_id, amount_pico=amount_pico, note=note, idempotency_key=idempotency_key
     )
     await session.commit()

@@ -19,7 +19,7 @@ from prometheus_client import Counter
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog, invoices, operations
+from billing import budgets, catalog, invoices, operations, spool_records
 from billing.budgets import BudgetExceededError, Reservation
 from billing.ledger import UsageCharge
 from billing.outage_budgets import BudgetUnknownError, OutageBudgets
@@ -32,7 +32,6 @@ from billing.spool import ReplayResult, Spool
 from kvgate.db import insert_ignore, utcnow
 from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
 from kvgate.tenancy import UsageRecord
-from kvgate.usage import TokenCounts, billed_counts
 
 __all__ = ["BillingService", "BudgetUnavailableError", "SettleOutcome", "is_database_unavailable"]
 
@@ -43,8 +42,6 @@ REPLAYED = Counter("kvgate_billing_replayed_total", "Spooled settlements replaye
 FAIL_OPEN = Counter(
     "kvgate_billing_admit_fail_open_total", "Requests admitted from the in-memory budgets (database unavailable)"
 )
-
-SPOOL_RECORD_VERSION = 1
 
 
 class BudgetUnavailableError(Exception):
@@ -246,7 +243,7 @@ class BillingService:
                     spooled=False,
                     duplicate=not settlement.inserted,
                 )
-        await asyncio.to_thread(self.spool.append, spool_record(charge, version))
+        await asyncio.to_thread(self.spool.append, spool_records.spool_record(charge, version))
         SPOOLED.inc()
         cost = version.cost_pico(charge.counts)
         self.outage.spooled(request_id=charge.request_id, cost_pico=cost)
@@ -264,7 +261,7 @@ class BillingService:
         """Spool a request whose usage record (the gateway's usage_records row) could not be written
         either; replay writes both, in one transaction."""
         version = self.price_for(charge.model, charge.started_at)
-        record = {**spool_record(charge, version), "usage_record": _jsonable(usage_record)}
+        record = {**spool_records.spool_record(charge, version), "usage_record": spool_records.jsonable(usage_record)}
         await asyncio.to_thread(self.spool.append, record)
         SPOOLED.inc()
         outcome = self.quote(charge)
@@ -304,14 +301,14 @@ class BillingService:
         applied = 0
         async with self.sessions() as session:
             for record in records:
-                charge, version_id = parse_spool_record(record)
+                charge, version_id = spool_records.parse_spool_record(record)
                 version = await self._version_by_id(version_id)
                 if "usage_record" in record:
                     inserted = await insert_ignore(
-                        session, UsageRecord, _usage_record_values(record["usage_record"]), ["request_id"]
+                        session, UsageRecord, spool_records.usage_record_values(record["usage_record"]), ["request_id"]
                     )
                     if not inserted:
-                        charge = await _charge_of_stored_record(session, charge)
+                        charge = await spool_records.charge_of_stored_record(session, charge)
                 settlement = await settle_charge(
                     session=session, charge=charge, version=version, source="spool", now=self._clock()
                 )
@@ -397,72 +394,3 @@ class BillingService:
                     log.debug("billing.upkeep_failed", error=str(error))
                 else:
                     log.exception("billing.upkeep_failed", error=str(error))
-
-
-async def _charge_of_stored_record(session: AsyncSession, charge: UsageCharge) -> UsageCharge:
-    """The charge of the usage record already stored under this request id.
-
-    A spooled record loses to one already there (insert-or-ignore), so its settlement
-    must too: after a crash, the `interrupted` record recovery spooled and the request's
-    own record may both exist, and the ledger bills whichever usage_records kept.
-    """
-    row = await session.get(UsageRecord, charge.request_id)
-    if row is None:
-        return charge
-    counts = TokenCounts.from_columns(row)
-    return UsageCharge(
-        request_id=row.request_id,
-        tenant_id=row.tenant_id,
-        api_key_id=row.api_key_id,
-        model=row.model,
-        endpoint=row.endpoint,
-        status=row.status,
-        started_at=row.started_at,
-        counts=billed_counts(counts, status=row.status),
-        ttft_ms=row.ttft_ms,
-        latency_ms=row.latency_ms,
-    )
-
-
-def spool_record(charge: UsageCharge, version: PriceVersion) -> dict[str, Any]:
-    return {
-        "v": SPOOL_RECORD_VERSION,
-        "kind": "settlement",
-        "price_version_id": version.id,
-        "request_id": charge.request_id,
-        "tenant_id": charge.tenant_id,
-        "api_key_id": charge.api_key_id,
-        "model": charge.model,
-        "endpoint": charge.endpoint,
-        "status": charge.status,
-        "started_at": charge.started_at.isoformat(),
-        "counts": asdict(charge.counts),
-        "ttft_ms": charge.ttft_ms,
-        "latency_ms": charge.latency_ms,
-    }
-
-
-def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in values.items()}
-
-
-def _usage_record_values(values: dict[str, Any]) -> dict[str, Any]:
-    return {**values, "started_at": datetime.fromisoformat(values["started_at"])}
-
-
-def parse_spool_record(record: dict[str, Any]) -> tuple[UsageCharge, int]:
-    if record.get("v") != SPOOL_RECORD_VERSION or record.get("kind") != "settlement":
-        raise ValueError(f"unknown spool record {record.get('kind')!r} v{record.get('v')!r}")
-    charge = UsageCharge(
-        request_id=record["request_id"],
-        tenant_id=record["tenant_id"],
-        api_key_id=record["api_key_id"],
-        model=record["model"],
-        endpoint=record["endpoint"],
-        status=record["status"],
-        started_at=datetime.fromisoformat(record["started_at"]),
-        counts=TokenCounts(**record["counts"]),
-        ttft_ms=record["ttft_ms"],
-        latency_ms=record["latency_ms"],
-    )
-    return charge, int(record["price_version_id"])

@@ -39,86 +39,26 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
-from datetime import datetime
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 from sqlalchemy.engine import make_url
 
-from kvgate.checksummed_lines import decode_line, encode_line
-from kvgate.usage import Endpoint, TokenCounts, UsageEvent
+from gateway.inflight_entries import InflightEntry, SegmentContents, end_line
+from kvgate.checksummed_lines import encode_line
 
 SEGMENT_GLOB = "seg-*.jnl"
 TEMP_PREFIX = ".tmp-"
 DEFAULT_ROTATE_BYTES = 4 * 1024 * 1024
 # A temporary segment older than this was left by a crash mid-creation, never by a live process.
 STALE_TEMP_S = 60.0
-BEGIN, END = "b", "e"
 
 log = structlog.get_logger("kvgate.gateway")
 
 
 class JournalError(OSError):
     """The journal could not make an entry durable."""
-
-
-@dataclass(frozen=True)
-class InflightEntry:
-    """What is known of a request when it is admitted: enough for its usage record if it never ends."""
-
-    request_id: str
-    tenant_id: str
-    api_key_id: str
-    model: str
-    endpoint: Endpoint
-    started_at: datetime
-    prompt_tokens: int
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "k": BEGIN,
-            "id": self.request_id,
-            "tenant_id": self.tenant_id,
-            "api_key_id": self.api_key_id,
-            "model": self.model,
-            "endpoint": self.endpoint,
-            "started_at": self.started_at.isoformat(),
-            "prompt_tokens": self.prompt_tokens,
-        }
-
-    @classmethod
-    def from_record(cls, record: dict[str, Any]) -> InflightEntry:
-        return cls(
-            request_id=record["id"],
-            tenant_id=record["tenant_id"],
-            api_key_id=record["api_key_id"],
-            model=record["model"],
-            endpoint=record["endpoint"],
-            started_at=datetime.fromisoformat(record["started_at"]),
-            prompt_tokens=int(record["prompt_tokens"]),
-        )
-
-    def interrupted_event(self) -> UsageEvent:
-        """The usage record of a request the process died running: the whole prompt as input, no output.
-
-        Cache reads and writes are only known once the engine has admitted the request, so the
-        prompt is all input (input + writes + reads still equals the prompt). When the request
-        ended is unknown: latency 0, no TTFT.
-        """
-        return UsageEvent(
-            request_id=self.request_id,
-            tenant_id=self.tenant_id,
-            api_key_id=self.api_key_id,
-            model=self.model,
-            endpoint=self.endpoint,
-            started_at=self.started_at,
-            counts=TokenCounts(input=self.prompt_tokens),
-            ttft_ms=None,
-            latency_ms=0,
-            status="interrupted",
-        )
 
 
 def default_journal_dir(database_url: str) -> Path:
@@ -130,45 +70,6 @@ def default_journal_dir(database_url: str) -> Path:
 
     digest = hashlib.sha256(url.render_as_string(hide_password=True).encode()).hexdigest()[:12]
     return Path(".kvgate") / f"inflight-{digest}"
-
-
-# -- lines ----------------------------------------------------------------------------------------
-
-
-def end_line(request_id: str) -> bytes:
-    return encode_line({"k": END, "id": request_id})
-
-
-@dataclass
-class SegmentContents:
-    """Begins and ends read from one or more segments; `corrupt` counts lines that failed their checksum."""
-
-    begun: dict[str, InflightEntry] = field(default_factory=dict)
-    ended: set[str] = field(default_factory=set)
-    corrupt: int = 0
-
-    def read(self, path: Path) -> None:
-        with path.open("rb") as fh:
-            for line in fh:
-                record = decode_line(line)
-                if record is None:
-                    self.corrupt += 1
-                elif record.get("k") == BEGIN:
-                    try:
-                        self.begun.setdefault(record["id"], InflightEntry.from_record(record))
-                    except (KeyError, TypeError, ValueError):
-                        self.corrupt += 1
-                elif record.get("k") == END and isinstance(record.get("id"), str):
-                    self.ended.add(record["id"])
-                else:
-                    self.corrupt += 1
-
-    def unfinished(self) -> list[InflightEntry]:
-        """Entries begun and never ended, oldest first."""
-        return sorted(
-            (entry for request_id, entry in self.begun.items() if request_id not in self.ended),
-            key=lambda entry: (entry.started_at, entry.request_id),
-        )
 
 
 # -- files ----------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from billing import operations, profiles
 from billing.api.deps import SessionDep
-from billing.schemas import BillingProfileBody
+from billing.profile_schemas import BillingProfileBody
 
 router = APIRouter()
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query
 
 from billing import credit_notes, operations
 from billing.api.deps import MAX_ID, IdFilter, InvoiceId, ServiceDep, SessionDep
+from billing.invoice_schemas import CreditNoteIn, CreditNoteList, CreditNoteOut
 from billing.money import parse_usd
-from billing.schemas import CreditNoteIn, CreditNoteList, CreditNoteOut
 
 router = APIRouter()
 

@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query
 
 from billing import invoices, operations
 from billing.api.deps import IdFilter, InvoiceId, ServiceDep, SessionDep
+from billing.invoice_schemas import FinalizeDueOut, InvoiceList, InvoiceOut, StripePushOut
 from billing.periods import parse_month
-from billing.schemas import FinalizeDueOut, InvoiceList, InvoiceOut, StripePushOut
 
 router = APIRouter()
 

@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from billing import operations, profiles
 from billing.cli.common import command, group, print_json
-from billing.schemas import BillingProfileBody
+from billing.profile_schemas import BillingProfileBody
 from billing.service import BillingService
 
 

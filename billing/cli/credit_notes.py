@@ -7,8 +7,8 @@ from typing import Any
 
 from billing import credit_notes, operations
 from billing.cli.common import command, group, json_flag, print_json, table
+from billing.invoice_schemas import CreditNoteOut
 from billing.money import usd_to_cents
-from billing.schemas import CreditNoteOut
 from billing.service import BillingService
 
 

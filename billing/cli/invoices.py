@@ -9,9 +9,9 @@ from typing import Any
 from billing import invoices, operations
 from billing.cli.common import command, group, json_flag, print_json, table
 from billing.csv_export import invoice_lines_csv
+from billing.invoice_schemas import InvoiceOut
 from billing.periods import parse_month
 from billing.render import render_html, render_pdf
-from billing.schemas import InvoiceOut
 from billing.service import BillingService
 
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 from sqlalchemy import func, select
 
-from billing import budgets
+from billing import budget_limits, budgets
 from billing.budgets import BudgetExceededError
 from billing.ledger import UsageCharge
 from billing.models import BudgetCounter, BudgetReservation, LedgerEntry
@@ -45,7 +45,7 @@ def charge(tenant, key, request_id, counts) -> UsageCharge:
 
 async def set_limit(sessions, tenant, micro_usd, *, prepaid=None):
     async with sessions() as session:
-        await budgets.set_tenant_budget(
+        await budget_limits.set_tenant_budget(
             session=session, tenant_id=tenant, monthly_limit_pico=micro_usd * MICRO, prepaid=prepaid
         )
         await session.commit()
@@ -125,7 +125,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
     svc = service(sessions, pricebook, tmp_path)
     tenant, (key_a, key_b) = await make_tenant(sessions, keys=2)
     async with sessions() as session:
-        await budgets.set_key_budget(session=session, tenant_id=tenant, api_key_id=key_a, monthly_limit_pico=0)
+        await budget_limits.set_key_budget(session=session, tenant_id=tenant, api_key_id=key_a, monthly_limit_pico=0)
         await session.commit()
     with pytest.raises(BudgetExceededError, match="API key"):
         await svc.admit(
@@ -150,7 +150,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
     await svc.settle(charge(tenant, key_b, f"b-{tenant}", TokenCounts(input=1)))
     # Prepaid with no credit: refused; a grant lets requests through up to the balance.
     async with sessions() as session:
-        await budgets.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=None, prepaid=True)
+        await budget_limits.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=None, prepaid=True)
         await session.commit()
     with pytest.raises(BudgetExceededError, match="prepaid credit"):
         await svc.admit(
@@ -162,10 +162,10 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
             max_output_tokens=1,
         )
     async with sessions() as session:
-        _, created = await budgets.grant_credit(
+        _, created = await budget_limits.grant_credit(
             session=session, tenant_id=tenant, amount_pico=100 * MICRO, note="top-up", idempotency_key=f"grant-{tenant}"
         )
-        _, again = await budgets.grant_credit(
+        _, again = await budget_limits.grant_credit(
             session=session, tenant_id=tenant, amount_pico=100 * MICRO, note="top-up", idempotency_key=f"grant-{tenant}"
         )
         await session.commit()

@@ -19,7 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets
+from billing import budget_limits
 from billing.hooks import GatewayBilling
 from billing.models import BudgetCounter, BudgetReservation, LedgerEntry
 from billing.pricebook import PriceBook
@@ -108,7 +108,7 @@ class Requests:
 async def new_requests(sessions: async_sessionmaker[AsyncSession]) -> Requests:
     tenant, (key,) = await make_tenant(sessions)
     async with sessions() as session:
-        await budgets.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10 * 10**12)
+        await budget_limits.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10 * 10**12)
         await session.commit()
     return Requests(tenant, key)
 

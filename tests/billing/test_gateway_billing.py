@@ -21,7 +21,7 @@ import pytest
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
-from billing import budgets
+from billing import budget_limits, budgets
 from billing.models import LedgerEntry
 from kvgate.db import create_engine, session_factory
 from kvgate.tenancy import UsageRecord
@@ -235,7 +235,9 @@ async def test_exhausted_budget_is_refused_before_the_engine_runs(server, sessio
     key = server.new_key()
     tenant = key.tenant_id
     async with sessions() as session:
-        await budgets.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10**6)  # one micro-dollar
+        await budget_limits.set_tenant_budget(
+            session=session, tenant_id=tenant, monthly_limit_pico=10**6
+        )  # one micro-dollar
         await session.commit()
     with pytest.raises(anthropic.APIStatusError) as refused:
         await asyncio.to_thread(
@@ -256,7 +258,7 @@ async def test_exhausted_budget_is_refused_before_the_engine_runs(server, sessio
     assert (await ledger_sums(sessions, tenant))[0] == 0
     # Positive control: with room in the budget the same request runs and is charged.
     async with sessions() as session:
-        await budgets.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10**12)
+        await budget_limits.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10**12)
         await session.commit()
     message = await asyncio.to_thread(
         server.anthropic(key).messages.create,

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from billing import budgets
+from billing import budget_limits, budgets
 from billing.budgets import BudgetExceededError
 from billing.ledger import UsageCharge
 from billing.service import BillingService, BudgetUnavailableError
@@ -117,7 +117,7 @@ async def test_outage_admission_is_bounded_by_the_last_known_budget(db_url, pric
         stranger, (skey,) = await make_tenant(db.real)
         limit = 4 * RESERVE
         async with db.real() as session:
-            await budgets.set_tenant_budget(session=session, tenant_id=limited, monthly_limit_pico=limit)
+            await budget_limits.set_tenant_budget(session=session, tenant_id=limited, monthly_limit_pico=limit)
             await session.commit()
         # Online: both tenants' budgets become known (the limited one holds 1 reservation then).
         assert await svc.admit(**request(limited, lkey, f"{limited}-0")) is not None

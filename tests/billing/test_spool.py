@@ -13,9 +13,10 @@ from sqlalchemy.engine import make_url
 
 from billing.ledger import UsageCharge
 from billing.models import LedgerEntry
-from billing.service import BillingService, BudgetUnavailableError, parse_spool_record, spool_record
+from billing.service import BillingService, BudgetUnavailableError
 from billing.settings import BillingSettings
 from billing.spool import Spool, decode_line, encode_line
+from billing.spool_records import parse_spool_record, spool_record
 from kvgate.db import create_engine, session_factory
 from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant

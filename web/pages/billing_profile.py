@@ -11,7 +11,7 @@ from starlette.responses import RedirectResponse, Response
 
 from billing import profiles
 from billing.errors import BillingDomainError
-from billing.schemas import BillingProfileBody
+from billing.profile_schemas import BillingProfileBody
 from gateway.api.deps import GatewayDep
 from web.deps import NotAllowed, TenantCsrfViewerDep, TenantViewerDep, Viewer
 from web.rendering import page

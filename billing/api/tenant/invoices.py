@@ -16,8 +16,8 @@ from starlette.responses import Response
 from billing import invoices, operations
 from billing.api.deps import InvoiceId, SessionDep, SettingsDep
 from billing.api.tenant.deps import CallerDep
+from billing.invoice_schemas import InvoiceOut
 from billing.render import render_pdf
-from billing.schemas import InvoiceOut
 
 router = APIRouter(prefix="/v1/organization", tags=["invoices"])
 
