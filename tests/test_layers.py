@@ -156,3 +156,26 @@ def test_allowed_imports_pass() -> None:
         "kvgate/cli.py": "from kvgate.app import create_app\n",
     }
     assert violations(allowed) == []
+
+
+# Modules of a few hundred lines stay readable in one sitting (issue 10); a bigger one is split by idea.
+MAX_MODULE_LINES = 400
+
+
+def oversized(sources: Mapping[str, str], *, limit: int = MAX_MODULE_LINES) -> list[str]:
+    return [
+        f"{path}: {source.count(chr(10))} lines"
+        for path, source in sorted(sources.items())
+        if path.startswith(("gateway/", "billing/")) and source.count("\n") > limit
+    ]
+
+
+def test_no_gateway_or_billing_module_is_over_400_lines() -> None:
+    assert oversized(source_files()) == []
+
+
+def test_the_size_check_catches_a_long_module() -> None:
+    assert oversized({"billing/long.py": "x = 1\n" * 401, "inference/long.py": "x = 1\n" * 401}) == [
+        "billing/long.py: 401 lines"
+    ]
+    assert oversized({"gateway/short.py": "x = 1\n" * 400}) == []
