@@ -91,7 +91,10 @@ def test_tools_take_the_generic_format_when_the_template_ignores_them(tokenizer:
     chat = Chat(messages=(ChatMessage("user", (TextPart("hi"),)),), tools=(tool,))
     renderer = renderer_for(tokenizer)
     assert not renderer.supports_tools()
-    assert '<tools>\n{"name": "f", "description": "", "parameters": {"type": "object", "properties": {}}}\n</tools>' in renderer.render(chat).text
+    assert (
+        '<tools>\n{"name": "f", "description": "", "parameters": {"type": "object", "properties": {}}}\n</tools>'
+        in renderer.render(chat).text
+    )
 
 
 def _tool(name: str) -> dict[str, Any]:
