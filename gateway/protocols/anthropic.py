@@ -241,12 +241,13 @@ def tool_choice(request: CountTokensRequest) -> ToolChoice:
     raw = request.tool_choice
     if raw is None:
         return AUTO
-    kind, parallel = raw.get("type"), not raw.get("disable_parallel_tool_use", False)
+    kind, disable_parallel = raw.get("type"), raw.get("disable_parallel_tool_use", False)
+    parallel = disable_parallel is not True
     allowed = {"auto", "any", "tool", "none"}
     if (
         not isinstance(kind, str)
         or kind not in allowed
-        or not isinstance(parallel, bool)
+        or not isinstance(disable_parallel, bool)
         or set(raw) - {"type", "name", "disable_parallel_tool_use"}
     ):
         raise InvalidRequestError(

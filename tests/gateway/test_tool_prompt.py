@@ -204,6 +204,9 @@ def test_anthropic_history_errors() -> None:
     assert "must define tools" in _anthropic_error(no_tools)
     assert "no tool named 'nope'" in _anthropic_error({**turn_one(), "tool_choice": {"type": "tool", "name": "nope"}})
     assert "tool_choice" in _anthropic_error({**turn_one(), "tool_choice": {"type": "sometimes"}})
+    assert "boolean disable_parallel" in _anthropic_error(
+        {**turn_one(), "tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}}
+    )
     assert "needs tools" in _anthropic_error({"messages": turn_one()["messages"], "tool_choice": {"type": "any"}})
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}
     with_image = turn_two()
