@@ -54,7 +54,10 @@ def test_text_then_two_calls() -> None:
     ]
 
 
-@pytest.mark.parametrize("sample", [SAMPLE, f"{CALL_1} and then some text <tool", "no calls, ends in <tool_c"])
+UNICODE = 'Météo à Paris ☀\n<tool_call>{"name": "get_weather", "arguments": {"city": "Zürich ☔"}}</tool_call>'
+
+
+@pytest.mark.parametrize("sample", [SAMPLE, UNICODE, f"{CALL_1} and then some text <tool", "no calls, ends in <tool_c"])
 def test_every_split_gives_the_same_result_and_no_tag_prefix_leaks(sample: str) -> None:
     whole = shape(run([sample]))
     for i in range(len(sample) + 1):
