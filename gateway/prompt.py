@@ -1,7 +1,9 @@
 """Render a chat with the model's template and locate cache breakpoints as token offsets.
 
-Both APIs reduce a request to a Chat: text messages, optional tools, and the blocks
-that carry a cache breakpoint. The rendered text is what the model sees; a
+Both APIs reduce a request to a Chat: messages of text blocks, tool calls and tool
+results, optional tools with a tool_choice, and the blocks that carry a cache
+breakpoint. Tools render through the template when it supports them and in the
+generic tool format otherwise (gateway.tools.messages). The rendered text is what the model sees; a
 breakpoint's offset is where its block's text ends in that text, converted to a
 token count through the tokenizer's offset mapping.
 
