@@ -288,3 +288,14 @@ def test_structured_check_sees_the_engine_module() -> None:
     assert engine_honours_structured_output() == (importlib.util.find_spec("inference.structured") is not None)
     assert openai_api.finish_reason("stop", tool_calls=True) == "tool_calls"
     assert anthropic_api.stop_reason("length", None, tool_use=True) == "max_tokens"
+
+
+def test_a_large_tools_body_is_prepared_in_a_worker_with_its_tool_parsing(tools_server: ToolServer) -> None:
+    ts = tools_server
+    tools = anthropic_tools()
+    tools[0]["description"] = "Weather for travellers. " * 500  # over the inline bound: a worker prepares it
+    body = {**first_turn(), "model": ts.server.model, "tools": tools}
+    assert len(json.dumps(body)) > 8 * 1024
+    ts.scripted.script.append(CALL)
+    message = ts.anthropic().messages.create(**body)
+    assert message.stop_reason == "tool_use" and message.content[0].input == {"city": "Paris", "unit": "celsius"}
