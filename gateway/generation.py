@@ -27,6 +27,7 @@ from gateway.ratelimit import Decision, Limits
 from gateway.security import tenant_salt
 from gateway.services.keys import Principal
 from gateway.state import Gateway
+from gateway.tools.parse import ToolParsing
 from gateway.usage import counts_from_usage
 from inference.types import (
     CacheRegion,
@@ -100,6 +101,7 @@ class Prepared:
     sampling: SamplingParams
     regions: tuple[CacheRegion, ...]
     client_salt: str | None
+    tools: ToolParsing | None = None  # tool calls to parse from the output, if any
 
 
 @dataclass(frozen=True)

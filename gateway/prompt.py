@@ -1,7 +1,9 @@
 """Render a chat with the model's template and locate cache breakpoints as token offsets.
 
-Both APIs reduce a request to a Chat: text messages, optional tools, and the blocks
-that carry a cache breakpoint. The rendered text is what the model sees; a
+Both APIs reduce a request to a Chat: messages of text blocks, tool calls and tool
+results, optional tools with a tool_choice, and the blocks that carry a cache
+breakpoint. Tools render through the template when it supports them and in the
+generic tool format otherwise (gateway.tools.messages). The rendered text is what the model sees; a
 breakpoint's offset is where its block's text ends in that text, converted to a
 token count through the tokenizer's offset mapping.
 
@@ -25,6 +27,7 @@ from typing import Any
 from jinja2 import TemplateError
 
 from gateway.prompt_bounds import NO_BOUNDS, PromptBounds
+from gateway.tools.choice import AUTO, ToolChoice
 from kvgate.errors import InvalidRequestError, PromptTooLongError
 
 # Text blocks of one message are joined like paragraphs.
@@ -78,6 +81,7 @@ class ToolDef:
 class Chat:
     messages: tuple[ChatMessage, ...]
     tools: tuple[ToolDef, ...] = ()
+    tool_choice: ToolChoice = AUTO
 
     @property
     def has_breakpoints(self) -> bool:
@@ -129,8 +133,6 @@ class PromptRenderer:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def render(self, chat: Chat) -> RenderedPrompt:
-        if chat.tools and not self.supports_tools():
-            raise InvalidRequestError("tools: this model's chat template does not support tools", param="tools")
         if not chat.has_breakpoints:
             text = self._render_text(chat, marker=None)
             self._check_length(text)
@@ -159,23 +161,22 @@ class PromptRenderer:
     def _render_text(
         self, chat: Chat, *, marker: Callable[[int], str] | None, tools: Sequence[Any] | None = None
     ) -> str:
-        counter = iter(range(1_000_000))
-        rendered: list[dict[str, str]] = []
-        for message in chat.messages:
-            pieces = []
-            for part in message.parts:
-                pieces.append(part.text + (marker(next(counter)) if marker and part.ttl_s else ""))
-            rendered.append({"role": message.role, "content": BLOCK_SEPARATOR.join(pieces)})
+        # Imported here: gateway.tools.messages builds on this module's Chat types.
+        from gateway.tools.messages import template_messages
+
         tool_defs = [t.definition for t in chat.tools] if tools is None else list(tools)
+        has_tool_parts = any(not isinstance(p, TextPart) for m in chat.messages for p in m.parts)
+        native = bool(tool_defs or has_tool_parts) and self.supports_tools()
+        rendered = template_messages(chat, marker=marker, native=native, tool_defs=tool_defs)
         # A final assistant message is a prefill: the model continues it, so it follows
         # the generation prompt verbatim instead of being closed as a finished turn.
         prefill = ""
-        if rendered and rendered[-1]["role"] == "assistant":
+        if rendered and rendered[-1]["role"] == "assistant" and "tool_calls" not in rendered[-1]:
             prefill = rendered.pop()["content"]
         if not rendered:
             raise InvalidRequestError("messages: a final assistant message needs a user message before it")
         try:
-            text = self._apply(rendered, tools=tool_defs or None)
+            text = self._apply(rendered, tools=(tool_defs or None) if native else None)
         except (ValueError, TypeError, TemplateError) as exc:
             # Templates raise on conversations they cannot express (e.g. roles that do not alternate).
             raise InvalidRequestError(f"messages: the model's chat template refused this conversation: {exc}") from exc

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import json
+from dataclasses import replace
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
+from gateway.prompt import BLOCK_SEPARATOR, Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, TopK, type_tag
+from gateway.tools.choice import AUTO, ToolChoice
+from gateway.tools.history import check_pairing
 from kvgate.errors import InvalidRequestError
 from kvgate.usage import TTL_BY_NAME
 
@@ -32,9 +36,43 @@ class TextBlock(Strict):
     citations: list[dict[str, Any]] | None = None
 
 
-ContentBlock = Annotated[
+def _block_kind(value: Any) -> str:
+    found = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return found if isinstance(found, str) and found in ("text", "tool_use", "tool_result") else "other"
+
+
+class ToolUseBlock(Strict):
+    type: Literal["tool_use"]
+    id: str = Field(pattern=r"^[a-zA-Z0-9_-]+$")
+    name: str = Field(min_length=1, max_length=200)
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+    # Sent back as they came in a response (the SDK serializes them); nothing to do with them here.
+    caller: dict[str, Any] | None = None
+    toolset_name: str | None = None
+
+
+ToolResultContent = Annotated[
     Annotated[TextBlock, Tag("text")] | Annotated[OtherType, Tag("other")],
     Discriminator(type_tag({"text"}, tag="text")),
+]
+
+
+class ToolResultBlock(Strict):
+    type: Literal["tool_result"]
+    tool_use_id: str = Field(pattern=r"^[a-zA-Z0-9_-]+$")
+    content: str | list[ToolResultContent] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+    toolset_name: str | None = None
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")]
+    | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")]
+    | Annotated[OtherType, Tag("other")],
+    Discriminator(_block_kind),
 ]
 
 
@@ -99,7 +137,9 @@ class MessagesRequest(CountTokensRequest):
 
 def _unsupported(where: str, kind: str) -> InvalidRequestError:
     return InvalidRequestError(
-        f"{where}: content blocks of type {kind!r} are not supported yet; only text blocks are", param=where
+        f"{where}: content blocks of type {kind!r} are not supported yet; "
+        "only text, tool_use and tool_result blocks are",
+        param=where,
     )
 
 
@@ -119,7 +159,8 @@ def _check_unsupported_features(request: CountTokensRequest) -> None:
 
 
 def to_chat(request: CountTokensRequest) -> Chat:
-    """The request as a Chat, with its breakpoints validated (count, TTL order, automatic caching)."""
+    """The request as a Chat, with its breakpoints validated (count, TTL order, automatic caching)
+    and its tool calls and results paired."""
     _check_unsupported_features(request)
     tools: list[ToolDef] = []
     for i, tool in enumerate(request.tools or []):
@@ -141,38 +182,97 @@ def to_chat(request: CountTokensRequest) -> Chat:
         parts = tuple(_text_part(b, f"system.{j}") for j, b in enumerate(request.system))
         messages.append(ChatMessage("system", parts))
 
-    for i, message in enumerate(request.messages):
-        if isinstance(message.content, str):
-            parts = (TextPart(message.content),)
-        else:
-            if not message.content:
-                raise InvalidRequestError(
-                    f"messages.{i}.content: must contain at least one block", param=f"messages.{i}"
-                )
-            converted = []
-            for j, block in enumerate(message.content):
-                where = f"messages.{i}.content.{j}"
-                if isinstance(block, OtherType):
-                    raise _unsupported(where, block.type)
-                converted.append(_text_part(block, where))
-            parts = tuple(converted)
-        messages.append(ChatMessage(message.role, parts))
+    turns = [ChatMessage(m.role, _message_parts(m, i)) for i, m in enumerate(request.messages)]
+    if request.tools is None and any(not isinstance(p, TextPart) for m in turns for p in m.parts):
+        raise InvalidRequestError(
+            "Requests which include `tool_use` or `tool_result` blocks must define tools.", param="tools"
+        )
+    check_pairing(turns, style="anthropic")
+    messages += turns
 
     if request.cache_control is not None:
         messages = _automatic_breakpoint(messages, request.cache_control.ttl_s)
-    chat = Chat(messages=tuple(messages), tools=tuple(tools))
+    chat = Chat(messages=tuple(messages), tools=tuple(tools), tool_choice=tool_choice(request))
     _validate_breakpoints(chat)
     return chat
+
+
+def _message_parts(message: MessageParam, i: int) -> tuple[ChatPart, ...]:
+    if isinstance(message.content, str):
+        return (TextPart(message.content),)
+    if not message.content:
+        raise InvalidRequestError(f"messages.{i}.content: must contain at least one block", param=f"messages.{i}")
+    converted: list[ChatPart] = []
+    for j, block in enumerate(message.content):
+        where = f"messages.{i}.content.{j}"
+        if isinstance(block, OtherType):
+            raise _unsupported(where, block.type)
+        if isinstance(block, ToolUseBlock):
+            if message.role != "assistant":
+                raise InvalidRequestError(f"{where}: tool_use blocks can only be in assistant messages", param=where)
+            ttl = block.cache_control.ttl_s if block.cache_control else None
+            converted.append(ToolCallPart(block.id, block.name, json.dumps(block.input, ensure_ascii=False), ttl))
+        elif isinstance(block, ToolResultBlock):
+            if message.role != "user":
+                raise InvalidRequestError(f"{where}: tool_result blocks can only be in user messages", param=where)
+            converted.append(_result_part(block, where))
+        else:
+            converted.append(_text_part(block, where))
+    return tuple(converted)
+
+
+def _result_part(block: ToolResultBlock, where: str) -> ToolResultPart:
+    ttl = block.cache_control.ttl_s if block.cache_control else None
+    if block.content is None or isinstance(block.content, str):
+        content = block.content or ""
+    else:
+        texts = []
+        for k, inner in enumerate(block.content):
+            if isinstance(inner, OtherType):
+                raise _unsupported(f"{where}.content.{k}", inner.type)
+            texts.append(inner.text)
+            ttl = ttl or (inner.cache_control.ttl_s if inner.cache_control else None)
+        content = BLOCK_SEPARATOR.join(texts)
+    return ToolResultPart(block.tool_use_id, content, bool(block.is_error), ttl)
+
+
+def tool_choice(request: CountTokensRequest) -> ToolChoice:
+    """tool_choice as a ToolChoice; 400 for a malformed one or a tool that is not in tools."""
+    raw = request.tool_choice
+    if raw is None:
+        return AUTO
+    kind, disable_parallel = raw.get("type"), raw.get("disable_parallel_tool_use", False)
+    parallel = disable_parallel is not True
+    allowed = {"auto", "any", "tool", "none"}
+    if (
+        not isinstance(kind, str)
+        or kind not in allowed
+        or not isinstance(disable_parallel, bool)
+        or set(raw) - {"type", "name", "disable_parallel_tool_use"}
+    ):
+        raise InvalidRequestError(
+            "tool_choice: must be {'type': 'auto' | 'any' | 'none'} or {'type': 'tool', 'name': ...}, "
+            "with an optional boolean disable_parallel_tool_use",
+            param="tool_choice",
+        )
+    names = [t.name for t in request.tools or [] if isinstance(t, ToolParam)]
+    if kind in ("any", "tool") and not names:
+        raise InvalidRequestError(f"tool_choice: type {kind!r} needs tools", param="tool_choice")
+    if kind == "tool":
+        name = raw.get("name")
+        if name not in names:
+            raise InvalidRequestError(f"tool_choice.name: no tool named {name!r} in tools", param="tool_choice.name")
+        return ToolChoice("tool", name, parallel)
+    return ToolChoice(kind, None, parallel)
 
 
 def _automatic_breakpoint(messages: list[ChatMessage], ttl_s: int) -> list[ChatMessage]:
     # Top-level cache_control: the breakpoint goes on the last cacheable block.
     for i in range(len(messages) - 1, -1, -1):
         parts = messages[i].parts
-        if parts and parts[-1].text:
+        if parts and (not isinstance(parts[-1], TextPart) or parts[-1].text):
             if parts[-1].ttl_s is None:
-                last = TextPart(parts[-1].text, ttl_s)
-                messages[i] = ChatMessage(messages[i].role, (*parts[:-1], last))
+                messages[i] = ChatMessage(messages[i].role, (*parts[:-1], replace(parts[-1], ttl_s=ttl_s)))
             break
     return messages
 
@@ -214,14 +314,21 @@ class TextContent(BaseModel):
     text: str
 
 
-StopReason = Literal["end_turn", "max_tokens", "stop_sequence"]
+class ToolUseContent(BaseModel):
+    type: Literal["tool_use"] = "tool_use"
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+StopReason = Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
 
 
 class MessageResponse(BaseModel):
     id: str
     type: Literal["message"] = "message"
     role: Literal["assistant"] = "assistant"
-    content: list[TextContent]
+    content: list[TextContent | ToolUseContent]
     model: str
     stop_reason: StopReason | None
     stop_sequence: str | None
@@ -232,9 +339,11 @@ class CountTokensResponse(BaseModel):
     input_tokens: int
 
 
-def stop_reason(finish_reason: str, stop_sequence: str | None) -> StopReason:
+def stop_reason(finish_reason: str, stop_sequence: str | None, *, tool_use: bool = False) -> StopReason:
     if finish_reason == "length":
         return "max_tokens"
+    if tool_use:
+        return "tool_use"
     return "stop_sequence" if stop_sequence else "end_turn"
 
 

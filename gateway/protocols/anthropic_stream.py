@@ -12,11 +12,12 @@ from gateway.protocols.anthropic import (
     AnthropicUsage,
     CacheCreation,
     MessageResponse,
-    TextContent,
     message_id,
     stop_reason,
 )
+from gateway.protocols.anthropic_blocks import BlockStream, content_of
 from gateway.sse import event
+from gateway.tools.parse import ToolParsing
 from kvgate.usage import TokenCounts
 
 log = structlog.get_logger("kvgate.gateway")
@@ -36,21 +37,26 @@ def usage_of(counts: TokenCounts, finished: Finished | None = None) -> Anthropic
     )
 
 
-def message_of(finished: Finished, *, request_id: str, model: str) -> MessageResponse:
+def message_of(finished: Finished, *, request_id: str, model: str, tools: ToolParsing | None = None) -> MessageResponse:
     output = finished.output
+    content, calls = content_of(output.text, tools)
     return MessageResponse(
         id=message_id(request_id),
-        content=[TextContent(text=output.text)],
+        content=content,
         model=model,
-        stop_reason=stop_reason(output.finish_reason, output.stop_sequence),
-        stop_sequence=output.stop_sequence,
+        stop_reason=stop_reason(output.finish_reason, output.stop_sequence, tool_use=calls),
+        stop_sequence=None if calls else output.stop_sequence,
         usage=usage_of(finished.counts, finished),
     )
 
 
-async def message_events(gen: Generation, *, request_id: str, model: str) -> AsyncGenerator[bytes, None]:
+async def message_events(
+    gen: Generation, *, request_id: str, model: str, tools: ToolParsing | None = None
+) -> AsyncGenerator[bytes, None]:
     """message_start, content_block_start, ping, content_block_delta..., content_block_stop,
-    message_delta, message_stop; or an error event if the engine fails mid-stream."""
+    message_delta, message_stop; or an error event if the engine fails mid-stream.
+    With tools, blocks open as the output shows what they are (gateway.protocols.anthropic_blocks)."""
+    blocks = BlockStream(tools)
     deltas = gen.handle.__aiter__()
     done = False
     try:
@@ -75,18 +81,13 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
                 },
             },
         )
-        yield event(
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        )
+        for block_event in blocks.open():
+            yield block_event
         yield event("ping", {"type": "ping"})
         delta = first
         while delta is not None:
-            if delta.text:
-                yield event(
-                    "content_block_delta",
-                    {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta.text}},
-                )
+            for block_event in blocks.feed(delta.text):
+                yield block_event
             delta = await anext(deltas, None)
         finished = await gen.finish(await gen.handle.result())
         done = True
@@ -95,15 +96,16 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
             yield event("error", {"type": "error", "error": {"type": error.anthropic_type, "message": error.message}})
             return
         output = finished.output
-        yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        for block_event in blocks.close():
+            yield block_event
         final = usage_of(finished.counts, finished).model_dump(mode="json", exclude={"cache_creation", "service_tier"})
         yield event(
             "message_delta",
             {
                 "type": "message_delta",
                 "delta": {
-                    "stop_reason": stop_reason(output.finish_reason, output.stop_sequence),
-                    "stop_sequence": output.stop_sequence,
+                    "stop_reason": stop_reason(output.finish_reason, output.stop_sequence, tool_use=blocks.saw_calls),
+                    "stop_sequence": None if blocks.saw_calls else output.stop_sequence,
                 },
                 "usage": final,
             },

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
+from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
 from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
+from gateway.tools.choice import ToolChoice
+from gateway.tools.history import check_pairing
 from kvgate.errors import InvalidRequestError
 from kvgate.usage import CACHE_5M, CACHE_24H
 
@@ -28,12 +31,13 @@ ContentPart = Annotated[
 
 
 class ChatMessageParam(BaseModel):
-    # Loose on purpose: tool and function messages parse, then get a clear 400 below.
+    # Loose on purpose: function messages and odd tool calls parse, then get a clear 400 below.
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class FunctionDef(Strict):
@@ -133,16 +137,67 @@ def _content_text(message: ChatMessageParam, index: int) -> str:
 
 def to_chat(request: ChatCompletionRequest) -> Chat:
     check_supported(request)
-    messages = []
-    for i, message in enumerate(request.messages):
-        if message.role in ("tool", "function"):
-            raise _refuse(f"messages.{i}.role", f"{message.role} messages are not supported yet")
-        if message.tool_calls:
-            raise _refuse(f"messages.{i}.tool_calls", "assistant tool calls are not supported yet")
-        role = "system" if message.role == "developer" else message.role
-        messages.append(ChatMessage(role, (TextPart(_content_text(message, i)),)))
+    messages = [_message(message, i) for i, message in enumerate(request.messages)]
+    check_pairing(messages, style="openai")
     tools = tuple(ToolDef(t.model_dump(exclude_none=True)) for t in request.tools or [])
-    return Chat(messages=tuple(messages), tools=tools)
+    return Chat(messages=tuple(messages), tools=tools, tool_choice=tool_choice(request))
+
+
+def _message(message: ChatMessageParam, i: int) -> ChatMessage:
+    if message.role == "function":
+        raise _refuse(
+            f"messages.{i}.role", "function messages (the deprecated function-calling API) are not supported; use tools"
+        )
+    if message.tool_calls is not None and message.role != "assistant":
+        raise _refuse(f"messages.{i}.tool_calls", "only assistant messages can have tool_calls")
+    if message.role == "tool":
+        if not message.tool_call_id:
+            raise _refuse(f"messages.{i}.tool_call_id", "tool messages need the tool_call_id they answer")
+        return ChatMessage("tool", (ToolResultPart(message.tool_call_id, _content_text(message, i)),))
+    role = "system" if message.role == "developer" else message.role
+    text = _content_text(message, i)
+    if not message.tool_calls:
+        return ChatMessage(role, (TextPart(text),))
+    parts: list[ChatPart] = [TextPart(text)] if text else []
+    parts += [_tool_call(call, f"messages.{i}.tool_calls.{k}") for k, call in enumerate(message.tool_calls)]
+    return ChatMessage(role, tuple(parts))
+
+
+def _tool_call(call: dict[str, Any], where: str) -> ToolCallPart:
+    function = call.get("function")
+    call_id, name = call.get("id"), function.get("name") if isinstance(function, dict) else None
+    if call.get("type", "function") != "function" or not isinstance(call_id, str) or not isinstance(name, str):
+        raise _refuse(where, "a tool call needs an id, type 'function' and function.name")
+    arguments = function.get("arguments", "{}")
+    try:
+        parsed = json.loads(arguments) if isinstance(arguments, str) else None
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _refuse(f"{where}.function.arguments", "must be a JSON object, as a string")
+    return ToolCallPart(call_id, name, json.dumps(parsed, ensure_ascii=False))
+
+
+def tool_choice(request: ChatCompletionRequest) -> ToolChoice:
+    """tool_choice and parallel_tool_calls as a ToolChoice; 400 for a malformed one or an unknown function."""
+    raw, parallel = request.tool_choice, request.parallel_tool_calls is not False
+    names = [t.function.name for t in request.tools or []]
+    if raw is None:
+        return ToolChoice("auto", None, parallel)
+    if not names:
+        raise _refuse("tool_choice", "'tool_choice' is only allowed when 'tools' are specified")
+    if raw in ("none", "auto", "required"):
+        return ToolChoice({"required": "any"}.get(raw, raw), None, parallel)  # type: ignore[arg-type]
+    function = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if not isinstance(name, str):
+        raise _refuse(
+            "tool_choice",
+            "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+        )
+    if name not in names:
+        raise _refuse("tool_choice", f"no function named {name!r} in tools")
+    return ToolChoice("tool", name, parallel)
 
 
 # --- responses -----------------------------------------------------------------------------------
@@ -161,13 +216,25 @@ class CompletionUsage(BaseModel):
     cost_usd: Decimal | None = Field(None, exclude_if=lambda v: v is None)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
     refusal: None = None
+    tool_calls: list[ToolCall] | None = Field(None, exclude_if=lambda v: v is None)
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class Choice(BaseModel):
@@ -199,8 +266,10 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-def finish_reason(engine_reason: str) -> FinishReason:
-    return "length" if engine_reason == "length" else "stop"
+def finish_reason(engine_reason: str, *, tool_calls: bool = False) -> FinishReason:
+    if engine_reason == "length":
+        return "length"
+    return "tool_calls" if tool_calls else "stop"
 
 
 def completion_id(request_id: str) -> str:

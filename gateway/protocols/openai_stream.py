@@ -16,11 +16,16 @@ from gateway.protocols.openai import (
     ChatCompletion,
     Choice,
     CompletionUsage,
+    FunctionCall,
     PromptTokensDetails,
+    ToolCall,
     completion_id,
     finish_reason,
 )
 from gateway.sse import event
+from gateway.tools.parse import CallOut, ParseEvent, ToolCallParser, ToolParsing, new_call_id, parse_output
+
+ID_PREFIX = "call_"
 
 log = structlog.get_logger("kvgate.gateway")
 
@@ -38,23 +43,57 @@ def usage_of(finished: Finished) -> CompletionUsage:
     )
 
 
-def completion_of(finished: Finished, *, request_id: str, model: str, created: int) -> ChatCompletion:
+def message_of(text: str, tools: ToolParsing | None) -> AssistantMessage:
+    """The reply: its text, and its tool calls when the request had tools and the output holds some."""
+    if tools is None:
+        return AssistantMessage(content=text)
+    events = parse_output(text, tools, id_prefix=ID_PREFIX)
+    calls = [
+        ToolCall(id=e.call.id, function=FunctionCall(name=e.call.name, arguments=e.call.arguments))
+        for e in events
+        if isinstance(e, CallOut)
+    ]
+    content = "".join(e.text for e in events if not isinstance(e, CallOut))
+    if not calls:
+        return AssistantMessage(content=content)
+    return AssistantMessage(content=content or None, tool_calls=calls)
+
+
+def completion_of(
+    finished: Finished, *, request_id: str, model: str, created: int, tools: ToolParsing | None = None
+) -> ChatCompletion:
+    message = message_of(finished.output.text, tools)
     return ChatCompletion(
         id=completion_id(request_id),
         created=created,
         model=model,
         choices=[
             Choice(
-                message=AssistantMessage(content=finished.output.text),
-                finish_reason=finish_reason(finished.output.finish_reason),
+                message=message,
+                finish_reason=finish_reason(finished.output.finish_reason, tool_calls=bool(message.tool_calls)),
             )
         ],
         usage=usage_of(finished),
     )
 
 
+def _deltas(events: list[ParseEvent], first_index: int) -> list[dict[str, Any]]:
+    # A call goes out as two deltas: its index, id and name, then its arguments.
+    out: list[dict[str, Any]] = []
+    index = first_index
+    for e in events:
+        if isinstance(e, CallOut):
+            function = {"name": e.call.name, "arguments": ""}
+            out.append({"tool_calls": [{"index": index, "id": e.call.id, "type": "function", "function": function}]})
+            out.append({"tool_calls": [{"index": index, "function": {"arguments": e.call.arguments}}]})
+            index += 1
+        else:
+            out.append({"content": e.text})
+    return out
+
+
 async def chunk_events(
-    gen: Generation, *, request_id: str, model: str, include_usage: bool
+    gen: Generation, *, request_id: str, model: str, include_usage: bool, tools: ToolParsing | None = None
 ) -> AsyncGenerator[bytes, None]:
     created = int(time.time())
     base = {"id": completion_id(request_id), "object": "chat.completion.chunk", "created": created, "model": model}
@@ -64,18 +103,29 @@ async def chunk_events(
         choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}
         return event(None, {**base, "choices": [choice], **usage_field})
 
+    parser = ToolCallParser(tools, new_id=lambda: new_call_id(ID_PREFIX)) if tools else None
     done = False
     try:
         yield chunk({"role": "assistant", "content": ""})
         async for delta in gen.handle:
-            if delta.text:
+            if parser is not None:
+                before = parser.calls
+                for body in _deltas(parser.feed(delta.text), before):
+                    yield chunk(body)
+            elif delta.text:
                 yield chunk({"content": delta.text})
         finished = await gen.finish(await gen.handle.result())
         done = True
         if finished.status == "error":
             yield event(None, openai_body(output_error(finished.output)))
             return
-        yield chunk({}, finish_reason(finished.output.finish_reason))
+        calls = 0
+        if parser is not None:
+            before = parser.calls
+            for body in _deltas(parser.close(), before):
+                yield chunk(body)
+            calls = parser.calls
+        yield chunk({}, finish_reason(finished.output.finish_reason, tool_calls=calls > 0))
         if include_usage:
             usage = usage_of(finished).model_dump(mode="json")
             yield event(None, {**base, "choices": [], "usage": usage})

@@ -9,14 +9,16 @@ billing check (a 24h prompt_cache_retention) runs on the loop afterwards.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from gateway.cache_regions import automatic_region, breakpoint_regions
 from gateway.generation import Prepared, output_budget
-from gateway.prompt import PromptRenderer
+from gateway.prompt import Chat, PromptRenderer
 from gateway.protocols import anthropic, openai
 from gateway.request_body import decode_body
+from gateway.tools.choice import forcing_grammar
+from gateway.tools.parse import ToolParsing, parsing_for
 from inference.types import SamplingParams
 from kvgate.errors import InvalidRequestError, ModelNotFoundError
 from kvgate.usage import STANDARD_TTLS_S
@@ -73,6 +75,15 @@ def sampling_params(
     )
 
 
+def with_tools(chat: Chat, sampling: SamplingParams) -> tuple[SamplingParams, ToolParsing | None]:
+    """The sampling with the grammar a forced tool_choice needs, and what to parse from the output."""
+    definitions = [t.definition for t in chat.tools]
+    grammar = forcing_grammar(definitions, chat.tool_choice)
+    if grammar is not None:
+        sampling = replace(sampling, structured=grammar)
+    return sampling, parsing_for(definitions, chat.tool_choice)
+
+
 def check_model(ctx: PrepareContext, *, model: str) -> str:
     if model != ctx.model_id:
         raise ModelNotFoundError(f"model: {model}", param="model")
@@ -86,7 +97,8 @@ def count_message_tokens(ctx: PrepareContext, *, request: anthropic.CountTokensR
 
 def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) -> Prepared:
     model = check_model(ctx, model=request.model)
-    prompt = ctx.renderer.render(anthropic.to_chat(request))
+    chat = anthropic.to_chat(request)
+    prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.max_tokens),
         temperature=request.temperature,
@@ -94,14 +106,16 @@ def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) 
         top_k=request.top_k,
         stop=tuple(request.stop_sequences or ()),
     )
+    sampling, tools = with_tools(chat, sampling)
     regions = breakpoint_regions(prompt.breakpoints, min_tokens=ctx.min_cacheable_tokens)
-    return Prepared(model, prompt, sampling, regions, request.cache_salt)
+    return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
 
 def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompletionRequest) -> Prepared:
     model = check_model(ctx, model=request.model)
     ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
-    prompt = ctx.renderer.render(openai.to_chat(request))
+    chat = openai.to_chat(request)
+    prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(
             ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.requested_max_tokens
@@ -111,8 +125,9 @@ def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompleti
         seed=request.seed,
         stop=request.stop_sequences,
     )
+    sampling, tools = with_tools(chat, sampling)
     regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
-    return Prepared(model, prompt, sampling, regions, request.cache_salt)
+    return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
 
 def check_retention(gw: Gateway, *, model: str, retention: str | None) -> None:

@@ -64,7 +64,13 @@ def cc(ttl: str | None = None) -> dict[str, Any]:
             {"messages": [{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "x"}}]}]},
             "'image' are not supported",
         ),
-        ({"tools": [{"name": "weather", "input_schema": {"type": "object"}}]}, "does not support tools"),
+        (
+            {
+                "tools": [{"name": "weather", "input_schema": {"type": "object"}}],
+                "tool_choice": {"type": "tool", "name": "climate"},
+            },
+            "no tool named 'climate'",
+        ),
         ({"messages": []}, "messages"),
         ({"extra_body": {"temperature": 3}}, "temperature"),
         ({"extra_body": {"cache_salt": ""}}, "cache_salt"),

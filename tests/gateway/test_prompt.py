@@ -86,11 +86,15 @@ def test_no_breakpoints_renders_once_and_has_none(tokenizer: Any) -> None:
     assert rendered.breakpoints == [] and rendered.token_ids
 
 
-def test_tools_are_refused_when_the_template_ignores_them(tokenizer: Any) -> None:
+def test_tools_take_the_generic_format_when_the_template_ignores_them(tokenizer: Any) -> None:
     tool = ToolDef({"type": "function", "function": {"name": "f", "description": "", "parameters": {}}})
     chat = Chat(messages=(ChatMessage("user", (TextPart("hi"),)),), tools=(tool,))
-    with pytest.raises(InvalidRequestError, match="does not support tools"):
-        renderer_for(tokenizer).render(chat)
+    renderer = renderer_for(tokenizer)
+    assert not renderer.supports_tools()
+    assert (
+        '<tools>\n{"name": "f", "description": "", "parameters": {"type": "object", "properties": {}}}\n</tools>'
+        in renderer.render(chat).text
+    )
 
 
 def _tool(name: str) -> dict[str, Any]:

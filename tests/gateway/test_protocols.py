@@ -134,7 +134,7 @@ def test_openai_translation_and_refusals() -> None:
     assert chat.messages[1].parts[0].text == "a\n\nb"
     for body, match in [
         ({"n": 2}, "n=1"),
-        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "tool messages"),
+        ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "preceding message with 'tool_calls'"),
         ({"logprobs": True}, "logprobs"),
         ({"response_format": {"type": "json_object"}}, "response format"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4"),

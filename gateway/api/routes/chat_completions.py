@@ -30,11 +30,15 @@ async def create_chat_completion(request: Request, gw: GatewayDep, ctx: ContextD
     created = int(time.time())
     gen = await start_generation(gw, ctx=ctx, endpoint="chat.completions", prepared=prepared, rate=rate)
     if job.stream:
-        events = chunk_events(gen, request_id=ctx.request_id, model=prepared.model, include_usage=job.include_usage)
+        events = chunk_events(
+            gen, request_id=ctx.request_id, model=prepared.model, include_usage=job.include_usage, tools=prepared.tools
+        )
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
     try:
         finished, headers = await unless_disconnected(gen.complete_or_raise(), request.receive)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    completion = completion_of(finished, request_id=ctx.request_id, model=prepared.model, created=created)
+    completion = completion_of(
+        finished, request_id=ctx.request_id, model=prepared.model, created=created, tools=prepared.tools
+    )
     return json_response(completion, headers=headers)

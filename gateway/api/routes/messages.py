@@ -26,13 +26,14 @@ async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> R
     prepared = job.prepared
     gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared, rate=rate)
     if job.stream:
-        events = message_events(gen, request_id=ctx.request_id, model=prepared.model)
+        events = message_events(gen, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools)
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
     try:
         finished, headers = await unless_disconnected(gen.complete_or_raise(), request.receive)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return json_response(message_of(finished, request_id=ctx.request_id, model=prepared.model), headers=headers)
+    message = message_of(finished, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools)
+    return json_response(message, headers=headers)
 
 
 @router.post("/count_tokens", response_model=CountTokensResponse, openapi_extra=json_body(CountTokensRequest))

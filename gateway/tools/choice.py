@@ -1,0 +1,78 @@
+"""tool_choice, as both APIs express it, and the grammar that forces a call.
+
+Forcing (Anthropic "any"/"tool", OpenAI "required"/a named function) is constrained
+decoding: the output must be exactly one call in the generic format, `<tool_call>`,
+a JSON object {"name": <one of the allowed tools>, "arguments": <its input schema>},
+`</tool_call>`. The grammar is llguidance's Lark dialect with `%json` for the schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from inference.types import StructuredOutput
+
+ChoiceMode = Literal["auto", "none", "any", "tool"]
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    """What the model may or must do with the tools: mode, the named tool (mode "tool"), and
+    whether it may make more than one call in a turn."""
+
+    mode: ChoiceMode = "auto"
+    name: str | None = None
+    parallel: bool = True
+
+    @property
+    def forced(self) -> bool:
+        return self.mode in ("any", "tool")
+
+    def instruction(self) -> str:
+        """The line the generic format adds after the tool list (empty for plain auto)."""
+        lines = []
+        if self.mode == "none":
+            lines.append("Do not call any function in this reply: answer in plain text.")
+        elif self.mode == "any":
+            lines.append("You must call one of the functions in this reply.")
+        elif self.mode == "tool":
+            lines.append(f"You must call the function {self.name} in this reply.")
+        if not self.parallel and self.mode != "none":
+            lines.append("Make at most one function call.")
+        return "\n".join(lines)
+
+
+AUTO = ToolChoice()
+
+
+def function_of(definition: dict[str, Any]) -> dict[str, Any]:
+    """The function object of an OpenAI-style tool definition."""
+    return definition.get("function", definition)
+
+
+def call_schema(function: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of one call's object: the tool's name as a constant, its parameters as arguments."""
+    parameters = function.get("parameters") or {"type": "object"}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": function["name"]}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def forcing_grammar(definitions: Sequence[dict[str, Any]], choice: ToolChoice) -> StructuredOutput | None:
+    """The grammar that forces one call of an allowed tool, or None when nothing is forced."""
+    if not choice.forced:
+        return None
+    functions = [function_of(d) for d in definitions]
+    if choice.mode == "tool":
+        functions = [f for f in functions if f["name"] == choice.name]
+    rules = [r'start: "<tool_call>\n" call "\n</tool_call>"']
+    rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
+    for i, function in enumerate(functions):
+        rules.append(f"call_{i}: %json {json.dumps(call_schema(function), sort_keys=False)}")
+    return StructuredOutput("grammar", "\n".join(rules) + "\n")
