@@ -128,6 +128,11 @@ class PromptRenderer:
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def render_text(self, text: str) -> RenderedPrompt:
+        """A raw prompt, without the chat template (legacy completions); special tokens as the tokenizer adds them."""
+        self._check_length(text)
+        return RenderedPrompt(text=text, token_ids=list(self._tokenizer(text)["input_ids"]))
+
     def render(self, chat: Chat) -> RenderedPrompt:
         if chat.tools and not self.supports_tools():
             raise InvalidRequestError("tools: this model's chat template does not support tools", param="tools")
