@@ -106,7 +106,7 @@ def _cap_generation(body: Any, model: str) -> None:
     if not isinstance(body, dict):
         return
     body["model"] = model
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(field), int) and body[field] > MAX_GENERATED_TOKENS:
             body[field] = MAX_GENERATED_TOKENS
 

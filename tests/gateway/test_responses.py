@@ -297,7 +297,9 @@ def test_function_call_items_become_tool_parts() -> None:
     assert chat.messages[3].parts == (ToolResultPart("c1", "sunny"),)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("inference.structured") is None, reason="needs the engine's structured output")
+@pytest.mark.skipif(
+    importlib.util.find_spec("inference.structured") is None, reason="needs the engine's structured output"
+)
 def test_text_format_json_schema_constrains_the_output(gateway: GatewayServer) -> None:
     import json
 
@@ -321,3 +323,35 @@ def test_text_format_json_is_refused_until_the_engine_enforces_it(gateway: Gatew
     assert refused.value.body["param"] == "text.format"
     # The plain text format is accepted.
     assert create(gateway, gateway.new_key(), text={"format": {"type": "text"}}).text.format.type == "text"
+
+
+def test_cost_is_in_usage_and_header(gateway: GatewayServer) -> None:
+    from decimal import Decimal
+
+    paying = gateway.new_key()
+    gateway.billing.price[paying.tenant_id] = Decimal("0.000123450")
+    raw = gateway.openai(paying).responses.with_raw_response.create(
+        model=gateway.model, input="hi", max_output_tokens=2
+    )
+    assert raw.headers["kvgate-cost-usd"] == "0.000123450"
+    assert raw.parse().usage.model_extra["cost_usd"] == "0.000123450"
+    completion = gateway.openai(paying).completions.with_raw_response.create(
+        model=gateway.model, prompt="hi", max_tokens=2
+    )
+    assert completion.headers["kvgate-cost-usd"] == "0.000123450"
+    assert "cost_usd" not in (create(gateway, gateway.new_key()).usage.model_extra or {})
+
+
+def test_a_dropped_stream_is_cancelled_recorded_and_not_stored(gateway: GatewayServer) -> None:
+    key = gateway.new_key()
+    params = {"model": gateway.model, "temperature": 0, "max_output_tokens": 2000, "input": QUESTION, "stream": True}
+    with httpx.stream(
+        "POST", f"{gateway.base_url}/v1/responses", json=params, headers={"authorization": f"Bearer {key.key}"}
+    ) as response:
+        lines = response.iter_lines()
+        created = next(line for line in lines if line.startswith("data:") and "response.created" in line)
+    response_id = created.split('"id":"')[1].split('"')[0]
+    record = gateway.usage_record("req_" + response_id.removeprefix("resp_"), wait_s=30)
+    assert record is not None and record["status"] == "cancelled" and record["output_tokens"] < 2000
+    with pytest.raises(openai.NotFoundError):
+        gateway.openai(key).responses.retrieve(response_id)
