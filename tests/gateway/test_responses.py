@@ -355,3 +355,14 @@ def test_a_dropped_stream_is_cancelled_recorded_and_not_stored(gateway: GatewayS
     assert record is not None and record["status"] == "cancelled" and record["output_tokens"] < 2000
     with pytest.raises(openai.NotFoundError):
         gateway.openai(key).responses.retrieve(response_id)
+
+
+def test_large_bodies_and_histories_are_prepared_in_request_workers(gateway: GatewayServer) -> None:
+    key = gateway.new_key()
+    big = "hi" + " hello" * 1500  # over 8 KiB: prepared in a worker process, not on the event loop
+    first = create(gateway, key, input=big, max_output_tokens=2)
+    assert first.usage.input_tokens > 1500
+    # A small body whose history is large: the second pass runs in a worker too, with the history sent along.
+    second = create(gateway, key, input="And then?", previous_response_id=first.id, max_output_tokens=2)
+    assert second.usage.input_tokens_details.cached_tokens == first.usage.input_tokens_details.cache_write_tokens > 1500
+    assert gateway.gateway.workers._executor is not None  # the worker pool was used (it starts on first use)
