@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolResultPart
+from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, type_tag
 from kvgate.errors import InvalidRequestError
 
@@ -152,8 +152,11 @@ def _refuse(param: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param}: {message}", param=param)
 
 
-# Tools arrive with the tools branch (tool rendering and parsing for chat completions); the input
-# items already convert to ToolCallPart/ToolResultPart. Until then this is the one refusal to remove.
+# Tools arrive with the tools branch (tool rendering and parsing for chat completions). Ready here:
+# function_call / function_call_output items convert to ToolCallPart / ToolResultPart, and tool_defs
+# gives the definitions in the chat form. Left for the merge: tool_choice, and the model's tool calls
+# parsed into function_call output items (and response.function_call_arguments.* stream events).
+# Until then this is the one refusal to remove.
 TOOLS_SUPPORTED = False
 
 
@@ -275,7 +278,21 @@ def _item_text(item: CanonicalItem) -> str:
     return "\n\n".join(part["text"] for part in item["content"])
 
 
-def to_chat(instructions: str | None, items: list[CanonicalItem]) -> Chat:
+def tool_defs(request: ResponsesRequest) -> tuple[ToolDef, ...]:
+    """Function tools, from the Responses API's flat form to the chat form templates expect."""
+    defs = []
+    for i, tool in enumerate(request.tools or ()):
+        if tool.get("type") != "function":
+            raise _refuse(f"tools.{i}.type", f"tools of type {tool.get('type')!r} are not supported")
+        name = tool.get("name")
+        if not isinstance(name, str) or not name:
+            raise _refuse(f"tools.{i}.name", "a function tool needs a name")
+        function = {"name": name, "description": tool.get("description") or "", "parameters": tool.get("parameters")}
+        defs.append(ToolDef({"type": "function", "function": {k: v for k, v in function.items() if v is not None}}))
+    return tuple(defs)
+
+
+def to_chat(instructions: str | None, items: list[CanonicalItem], tools: tuple[ToolDef, ...] = ()) -> Chat:
     """Canonical items (the whole conversation) to a Chat; instructions lead as a system message.
 
     Consecutive function calls join one assistant message (as OpenAI's tool_calls do), and
@@ -299,4 +316,4 @@ def to_chat(instructions: str | None, items: list[CanonicalItem]) -> Chat:
             messages.append(ChatMessage("tool", (ToolResultPart(item["call_id"], item["output"]),)))
     if not messages:
         raise _refuse("input", "the conversation is empty")
-    return Chat(messages=tuple(messages))
+    return Chat(messages=tuple(messages), tools=tools)

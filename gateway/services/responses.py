@@ -51,7 +51,8 @@ def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
 def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem]) -> Prepared:
     model = check_model(ctx, model=request.model)
     ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
-    prompt = ctx.renderer.render(responses.to_chat(request.instructions, context))
+    chat = responses.to_chat(request.instructions, context, tools=responses.tool_defs(request))
+    prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(
             ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.max_output_tokens

@@ -16,6 +16,7 @@ from tests.gateway.harness import GatewayServer
 
 INSTRUCTIONS = "You are the assistant of a small bakery. Keep answers to a single sentence, please. " * 12
 QUESTION = "Any rye bread today? " * 8
+POISON_TEMPERATURE = 1.37  # stopping_gateway's engine fails requests sampled at this temperature
 
 
 class StoppingEngine:
@@ -36,6 +37,15 @@ class StoppingEngine:
 def stopping_gateway(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayServer]:
     url = f"sqlite:///{tmp_path_factory.mktemp('responses-stop') / 'kvgate.db'}"
     server = GatewayServer(model_dir=tiny_llama_dir, database_url=url, wrap_engine=StoppingEngine).start()
+    core = server.gateway.engine.engine.core
+    append_token = core._append_token
+
+    def faulty(tracked: Any, token: int) -> Any:
+        if tracked.request.params.temperature == POISON_TEMPERATURE:
+            raise RuntimeError("injected fault in this request's processing")
+        return append_token(tracked, token)
+
+    core._append_token = faulty
     try:
         yield server
     finally:
@@ -297,6 +307,21 @@ def test_function_call_items_become_tool_parts() -> None:
     assert chat.messages[3].parts == (ToolResultPart("c1", "sunny"),)
 
 
+def test_function_tools_take_the_chat_form() -> None:
+    from gateway.protocols.responses import ResponsesRequest, tool_defs
+
+    tool = {"type": "function", "name": "weather", "description": "Weather", "parameters": {"type": "object"}}
+    request = ResponsesRequest.model_validate({"model": "m", "input": "x", "tools": [tool]})
+    [definition] = tool_defs(request)
+    assert definition.definition == {
+        "type": "function",
+        "function": {"name": "weather", "description": "Weather", "parameters": {"type": "object"}},
+    }
+    hosted = ResponsesRequest.model_validate({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
+    with pytest.raises(Exception, match="tools of type 'web_search' are not supported"):
+        tool_defs(hosted)
+
+
 @pytest.mark.skipif(
     importlib.util.find_spec("inference.structured") is None, reason="needs the engine's structured output"
 )
@@ -366,3 +391,31 @@ def test_large_bodies_and_histories_are_prepared_in_request_workers(gateway: Gat
     second = create(gateway, key, input="And then?", previous_response_id=first.id, max_output_tokens=2)
     assert second.usage.input_tokens_details.cached_tokens == first.usage.input_tokens_details.cache_write_tokens > 1500
     assert gateway.gateway.workers._executor is not None  # the worker pool was used (it starts on first use)
+
+
+def test_a_request_failing_in_the_engine_is_a_500_or_an_error_event_and_is_not_stored(
+    stopping_gateway: GatewayServer,
+) -> None:
+    server, key = stopping_gateway, stopping_gateway.new_key()
+    client = server.openai(key)
+    with pytest.raises(openai.InternalServerError) as failed:
+        create(server, key, temperature=POISON_TEMPERATURE)
+    assert "injected fault" in failed.value.body["message"] and failed.value.body["type"] == "server_error"
+
+    params = {"model": server.model, "input": "hi", "max_output_tokens": 8, "temperature": POISON_TEMPERATURE}
+    with pytest.raises(openai.APIError, match="injected fault"):
+        list(client.responses.create(stream=True, **params))
+    raw = httpx.post(
+        f"{server.base_url}/v1/responses",
+        json={**params, "stream": True},
+        headers={"authorization": f"Bearer {key.key}"},
+        timeout=60,
+    )
+    events = [line.removeprefix("event: ") for line in raw.text.splitlines() if line.startswith("event: ")]
+    assert events[:2] == ["response.created", "response.in_progress"]
+    assert events[-2:] == ["error", "response.failed"]
+    failed_id = raw.text.split('"id":"')[1].split('"')[0]
+    assert server.usage_record("req_" + failed_id.removeprefix("resp_"))["status"] == "error"  # type: ignore[index]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(failed_id)
+    assert create(server, key, temperature=0).status in ("completed", "incomplete")  # the engine serves on
