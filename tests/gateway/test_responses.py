@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import sqlalchemy as sa
 
 from tests.gateway.harness import GatewayServer
 
@@ -156,7 +158,8 @@ def test_stream_helper_gets_the_final_response(stopping_gateway: GatewayServer) 
     assert client.responses.retrieve(final.id).output_text == final.output_text
 
 
-def test_store_retrieve_delete_per_tenant(gateway: GatewayServer) -> None:
+def test_store_retrieve_delete_per_tenant(any_gateway: GatewayServer) -> None:
+    gateway = any_gateway  # on SQLite and PostgreSQL
     key = gateway.new_key()
     client = gateway.openai(key)
     created = create(gateway, key)
@@ -171,6 +174,17 @@ def test_store_retrieve_delete_per_tenant(gateway: GatewayServer) -> None:
     with pytest.raises(openai.NotFoundError):
         stranger.responses.delete(created.id)
     assert client.responses.retrieve(created.id).id == created.id  # still there
+    follow = create(gateway, key, previous_response_id=created.id, input="More?")
+    assert client.responses.retrieve(follow.id).previous_response_id == created.id
+    with gateway.db.connect() as conn:
+        row = conn.execute(
+            sa.text("SELECT tenant_id, status, previous_response_id, context_json FROM responses WHERE id = :i"),
+            {"i": follow.id},
+        ).one()
+    assert row.tenant_id == key.tenant_id and row.status == "incomplete" and row.previous_response_id == created.id
+    context = json.loads(row.context_json)  # earlier input, earlier output, this input
+    assert [item["role"] for item in context] == ["user", "assistant", "user"]
+    assert context[1]["content"][0]["text"] == created.output_text
 
     deleted = httpx.delete(
         f"{gateway.base_url}/v1/responses/{created.id}", headers={"authorization": f"Bearer {key.key}"}
@@ -326,8 +340,6 @@ def test_function_tools_take_the_chat_form() -> None:
     importlib.util.find_spec("inference.structured") is None, reason="needs the engine's structured output"
 )
 def test_text_format_json_schema_constrains_the_output(gateway: GatewayServer) -> None:
-    import json
-
     schema = {"type": "object", "properties": {"bread": {"type": "string"}}, "required": ["bread"]}
     response = create(
         gateway,
