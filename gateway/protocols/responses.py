@@ -65,6 +65,8 @@ class FunctionCallItem(Strict):
     arguments: str
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
 
 
 class FunctionCallOutputItem(Strict):
@@ -73,6 +75,9 @@ class FunctionCallOutputItem(Strict):
     output: str | list[ContentPart]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+    name: str | None = None
+    namespace: str | None = None
+    caller: dict[str, Any] | None = None
 
 
 def _item_kind(value: Any) -> str:
