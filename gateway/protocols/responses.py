@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
-from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, type_tag
+from gateway.protocols.common import MaxOutputTokens, OtherType, Strict
 from kvgate.errors import InvalidRequestError
 
 CanonicalItem = dict[str, Any]
@@ -37,15 +37,18 @@ class RefusalPart(Strict):
     refusal: str
 
 
+_PART_TAGS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
+
+
+def _part_kind(value: Any) -> str:
+    found = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    # Any JSON can arrive here (a list is unhashable): only a string can name a known part.
+    return _PART_TAGS.get(found, "other") if isinstance(found, str) else "other"
+
+
 ContentPart = Annotated[
     Annotated[TextInputPart, Tag("text")] | Annotated[RefusalPart, Tag("refusal")] | Annotated[OtherType, Tag("other")],
-    Discriminator(
-        lambda v: (
-            "refusal"
-            if type_tag({"refusal"}, tag="refusal")(v) == "refusal"
-            else type_tag({"input_text", "output_text"}, tag="text")(v)
-        )
-    ),
+    Discriminator(_part_kind),
 ]
 
 
@@ -83,7 +86,7 @@ class FunctionCallOutputItem(Strict):
 def _item_kind(value: Any) -> str:
     found = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if found is None or found == "message":
-        return "message"
+        return "message"  # an easy input message has no type
     return found if found in ("function_call", "function_call_output") else "other"
 
 
