@@ -100,6 +100,14 @@ async def response_json(session: AsyncSession, *, tenant_id: str, response_id: s
     return row.response_json
 
 
+async def input_items(session: AsyncSession, *, tenant_id: str, response_id: str) -> list[dict[str, Any]]:
+    """This request's own input items (canonical); 404 if the tenant has no such response."""
+    row = await _get(session, tenant_id=tenant_id, response_id=response_id)
+    if row is None:
+        raise response_not_found(response_id)
+    return json.loads(row.input_json)
+
+
 async def remove(session: AsyncSession, *, tenant_id: str, response_id: str) -> None:
     """Delete a stored response; 404 if the tenant has no such response."""
     query = delete(StoredResponse).where(StoredResponse.id == response_id, StoredResponse.tenant_id == tenant_id)

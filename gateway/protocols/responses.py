@@ -325,3 +325,18 @@ def to_chat(instructions: str | None, items: list[CanonicalItem], tools: tuple[T
     if not messages:
         raise _refuse("input", "the conversation is empty")
     return Chat(messages=tuple(messages), tools=tools)
+
+
+_ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}
+
+
+def listed_items(items: list[CanonicalItem], response_id: str) -> list[CanonicalItem]:
+    """A response's input items as GET /v1/responses/{id}/input_items lists them: each with an id and a status."""
+    suffix = response_id.removeprefix("resp_")
+    listed = []
+    for i, item in enumerate(items):
+        shown = {"id": f"{_ID_PREFIX[item['type']]}_{suffix}_{i}", **item, "status": "completed"}
+        if item.get("role") == "assistant":  # listed as an output message, whose text parts carry annotations
+            shown["content"] = [{**part, "annotations": []} for part in item["content"]]
+        listed.append(shown)
+    return listed

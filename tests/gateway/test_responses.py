@@ -431,3 +431,35 @@ def test_a_request_failing_in_the_engine_is_a_500_or_an_error_event_and_is_not_s
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(failed_id)
     assert create(server, key, temperature=0).status in ("completed", "incomplete")  # the engine serves on
+
+
+def test_input_items_are_listed_with_ids_and_paged(gateway: GatewayServer) -> None:
+    key = gateway.new_key()
+    client = gateway.openai(key)
+    items = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "input_text", "text": "Hello"}]},
+        {"role": "assistant", "content": "Hi!"},
+        {"role": "user", "content": "Name a bread."},
+    ]
+    first = create(gateway, key, input=items)
+    listed = client.responses.input_items.list(first.id, order="asc")
+    assert [(i.type, i.role) for i in listed.data] == [
+        ("message", "developer"),
+        ("message", "user"),
+        ("message", "assistant"),
+        ("message", "user"),
+    ]
+    assert listed.data[2].content[0].type == "output_text" and listed.data[3].content[0].text == "Name a bread."
+    # Newest first by default, and paged with `after` (the SDK follows the cursor).
+    assert [i.id for i in client.responses.input_items.list(first.id)] == [i.id for i in reversed(listed.data)]
+    page = client.responses.input_items.list(first.id, limit=3)
+    assert len(page.data) == 3 and page.has_more
+    assert len(list(page)) == 4 and len({i.id for i in page}) == 4
+    # A continuation lists only its own input.
+    second = create(gateway, key, previous_response_id=first.id, input="And rolls?")
+    assert [i.content[0].text for i in client.responses.input_items.list(second.id)] == ["And rolls?"]
+    with pytest.raises(openai.NotFoundError):
+        gateway.openai(gateway.new_key()).responses.input_items.list(first.id)
+    with pytest.raises(openai.BadRequestError):
+        client.responses.input_items.list(first.id, after="msg_nope")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import time
 from functools import partial
+from typing import Literal
 
 import structlog
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from gateway.api.body import read_body, run_job
@@ -17,9 +18,9 @@ from gateway.api.responses import json_response
 from gateway.api.schema import json_body
 from gateway.generation import RequestContext, admit_rate, start_generation
 from gateway.logs import log_failure
-from gateway.protocols.responses import ResponsesRequest
+from gateway.protocols.responses import ResponsesRequest, listed_items
 from gateway.protocols.responses_stream import DeletedResponse, ResponseObject, response_events, response_of
-from gateway.responses_store import NewResponse, conversation_after, remove, response_json, save
+from gateway.responses_store import NewResponse, conversation_after, input_items, remove, response_json, save
 from gateway.services.completions import check_retention
 from gateway.services.responses import PreparedResponse, responses_job
 from gateway.sse import EventStreamResponse
@@ -109,3 +110,33 @@ async def get_response(response_id: str, request: Request, ctx: ContextDep, sess
 async def delete_response(response_id: str, ctx: ContextDep, session: SessionDep) -> Response:
     await remove(session, tenant_id=ctx.principal.tenant_id, response_id=response_id)
     return json_response(DeletedResponse(id=response_id))
+
+
+@router.get("/{response_id}/input_items")
+async def list_input_items(
+    response_id: str,
+    ctx: ContextDep,
+    session: SessionDep,
+    limit: int = Query(20, ge=1, le=100),
+    order: Literal["asc", "desc"] = "desc",
+    after: str | None = None,
+) -> Response:
+    """The request's own input items (not the earlier turns'), newest first by default, as OpenAI pages them."""
+    items = listed_items(
+        await input_items(session, tenant_id=ctx.principal.tenant_id, response_id=response_id), response_id
+    )
+    if order == "desc":
+        items.reverse()
+    ids = [item["id"] for item in items]
+    if after is not None and after not in ids:
+        raise InvalidRequestError(f"after: response {response_id} has no input item {after!r}", param="after")
+    start = ids.index(after) + 1 if after is not None else 0
+    page = items[start : start + limit]
+    body = {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(items),
+    }
+    return Response(content=json.dumps(body), media_type="application/json")
