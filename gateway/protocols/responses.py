@@ -186,8 +186,10 @@ def check_supported(request: ResponsesRequest) -> None:
         raise _refuse("top_logprobs", "logprobs are not supported")
     if request.reasoning and any(v is not None for v in request.reasoning.values()):
         raise _refuse("reasoning", "this model does not reason; reasoning options are not supported")
-    if request.input is None and request.previous_response_id is None:
-        raise _refuse("input", "input is required")
+    # Without new input a continuation would end on the earlier assistant turn, which the chat
+    # path treats as a prefill to continue: refused instead of silently extending that answer.
+    if not request.input:
+        raise _refuse("input", "input is required and must not be empty")
     fmt = request.text.format if request.text else None
     if fmt is not None and fmt.type == "json_schema" and (fmt.name is None or fmt.schema_ is None):
         raise _refuse("text.format", "a json_schema format needs a name and a schema")

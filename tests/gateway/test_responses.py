@@ -272,6 +272,8 @@ def test_instructions_are_not_carried_over(gateway: GatewayServer) -> None:
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"temperature": 3}, "temperature"),
         ({"input": None}, "input"),
+        ({"input": []}, "input"),
+        ({"input": "", "previous_response_id": "resp_x"}, "input"),
         ({"model": "nope"}, "model"),
         ({"reasoning": {"effort": "high"}}, "reasoning"),
         ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
