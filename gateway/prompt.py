@@ -132,6 +132,11 @@ class PromptRenderer:
     def count_tokens(self, text: str) -> int:
         return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def render_text(self, text: str) -> RenderedPrompt:
+        """A raw prompt, without the chat template (legacy completions); special tokens as the tokenizer adds them."""
+        self._check_length(text)
+        return RenderedPrompt(text=text, token_ids=list(self._tokenizer(text)["input_ids"]))
+
     def render(self, chat: Chat) -> RenderedPrompt:
         if not chat.has_breakpoints:
             text = self._render_text(chat, marker=None)

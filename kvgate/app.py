@@ -14,6 +14,7 @@ from billing import api as billing_api
 from billing import models as billing_models
 from billing.hooks import create_billing_hooks
 from gateway import app as gateway_app
+from gateway import responses_store
 from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import BillingHooks
 from gateway.ratelimit import RateLimiter
@@ -26,7 +27,7 @@ from web import app as web_app
 from web import models as web_models
 
 # The modules that define tables; importing them registers their tables on Base.metadata.
-TABLE_MODULES = (tenancy, billing_models, web_models)
+TABLE_MODULES = (tenancy, responses_store, billing_models, web_models)
 
 
 def load_models() -> MetaData:

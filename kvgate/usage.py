@@ -113,7 +113,7 @@ class TokenCounts:
 
 # interrupted: the process died while the request ran; start-up records it from the in-flight journal.
 UsageStatus = Literal["ok", "cancelled", "error", "interrupted"]
-Endpoint = Literal["messages", "chat.completions"]
+Endpoint = Literal["messages", "chat.completions", "completions", "responses"]
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,13 @@ def _too_large(limit: int) -> RequestTooLargeError:
 async def prepare_body(gw: Gateway, *, ctx: RequestContext, request: Request, job: Job[R]) -> R:
     """Read the body and run `job` on it: inline when small, else in a worker process, one per tenant at a time."""
     raw = await read_body(request, limit=gw.prep.renderer.bounds.max_body_bytes)
-    content_type = request.headers.get("content-type")
-    if len(raw) <= INLINE_BODY_BYTES:
+    return await run_job(gw, ctx=ctx, job=job, raw=raw, content_type=request.headers.get("content-type"))
+
+
+async def run_job(
+    gw: Gateway, *, ctx: RequestContext, job: Job[R], raw: bytes, content_type: str | None, size: int | None = None
+) -> R:
+    """`job` on a body already read: inline when small (`size`, default the body's), else in a worker process."""
+    if (len(raw) if size is None else size) <= INLINE_BODY_BYTES:
         return job(gw.prep, raw, content_type)
     return await gw.workers.run(ctx.principal.tenant_id, job, raw, content_type)

@@ -23,6 +23,8 @@ WITH_BODY = [
     ("/v1/messages", "POST"),
     ("/v1/messages/count_tokens", "POST"),
     ("/v1/chat/completions", "POST"),
+    ("/v1/responses", "POST"),
+    ("/v1/completions", "POST"),
     ("/admin/v1/tenants", "POST"),
     ("/admin/v1/tenants/{tenant_id}/keys", "POST"),
 ]

@@ -57,7 +57,13 @@ SCHEMA_CASES = [
     for path, method in OPERATIONS
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
 ]
-RAW_ENDPOINTS = ["/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions"]
+RAW_ENDPOINTS = [
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/chat/completions",
+    "/v1/responses",
+    "/v1/completions",
+]
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +112,7 @@ def _cap_generation(body: Any, model: str) -> None:
     if not isinstance(body, dict):
         return
     body["model"] = model
-    for field in ("max_tokens", "max_completion_tokens"):
+    for field in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         if isinstance(body.get(field), int) and body[field] > MAX_GENERATED_TOKENS:
             body[field] = MAX_GENERATED_TOKENS
 
@@ -263,10 +269,69 @@ def openai_bodies(draw: st.DrawFn) -> dict[str, Any]:
     return _with_hostile_fields(draw, body, hostile)
 
 
+@st.composite
+def responses_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "__served__",
+        "input": draw(st.text(min_size=1, max_size=40)),
+        "max_output_tokens": draw(st.integers(min_value=1, max_value=MAX_GENERATED_TOKENS)),
+        "store": False,
+    }
+    part = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text"]), "text": texts}) | json_values
+    item = st.fixed_dictionaries(
+        {
+            "role": st.sampled_from(["system", "developer", "user", "assistant"]) | texts,
+            "content": texts | st.lists(part, max_size=3),
+        },
+        optional={"type": st.sampled_from(["message", "function_call", "function_call_output"]) | texts},
+    )
+    hostile = {
+        "model": texts,
+        "input": texts | st.lists(item | json_values, max_size=3) | _many(item),
+        "instructions": texts | json_values,
+        "max_output_tokens": numbers,
+        "temperature": numbers,
+        "top_p": numbers,
+        "metadata": json_values,
+        "previous_response_id": texts | numbers,
+        "text": json_values,
+        "store": json_values,
+        "stream": json_values,
+        "truncation": texts,
+        "nested": st.integers(min_value=1, max_value=900).map(_deep),
+    }
+    return _with_hostile_fields(draw, body, hostile)
+
+
+@st.composite
+def completion_bodies(draw: st.DrawFn) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": "__served__",
+        "prompt": draw(st.text(min_size=1, max_size=40)),
+        "max_tokens": draw(st.integers(min_value=1, max_value=MAX_GENERATED_TOKENS)),
+    }
+    hostile = {
+        "prompt": texts | st.lists(texts, max_size=3) | st.lists(numbers, max_size=5) | json_values,
+        "max_tokens": numbers,
+        "seed": numbers,
+        "temperature": numbers,
+        "stop": texts | st.lists(texts, max_size=6),
+        "echo": json_values,
+        "logprobs": numbers,
+        "suffix": texts,
+        "stream": json_values,
+        "stream_options": json_values,
+        "nested": st.integers(min_value=1, max_value=900).map(_deep),
+    }
+    return _with_hostile_fields(draw, body, hostile)
+
+
 RAW_STRATEGIES = {
     "/v1/messages": anthropic_bodies(count_tokens=False),
     "/v1/messages/count_tokens": anthropic_bodies(count_tokens=True),
     "/v1/chat/completions": openai_bodies(),
+    "/v1/responses": responses_bodies(),
+    "/v1/completions": completion_bodies(),
 }
 
 

@@ -1,0 +1,92 @@
+"""From a /v1/responses body to what the engine needs, and the conversation a stored response continues.
+
+responses_job runs like the other prepare jobs (inline for small bodies, in a request worker
+for large ones) and touches no database. A request with previous_response_id is prepared in
+two steps: the first pass parses and checks the body and renders nothing; the route loads the
+earlier response's conversation (gateway.responses_store) and runs the job again with it as
+`history`, so that the rendered prompt begins with the earlier turn's prompt and reads it from
+the cache.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass, replace
+
+from gateway.cache_regions import automatic_region
+from gateway.generation import Prepared, output_budget
+from gateway.protocols import openai, responses
+from gateway.protocols.responses import CanonicalItem, ResponseSettings, ResponsesRequest
+from gateway.request_body import decode_body
+from gateway.services.completions import PrepareContext, check_model, sampling_params
+from inference.types import StructuredOutput
+from kvgate.errors import InvalidRequestError
+
+# Constrained decoding lives in the engine (inference.structured); until it is there, a JSON
+# format cannot be enforced and is refused rather than silently ignored.
+STRUCTURED_OUTPUT_AVAILABLE = importlib.util.find_spec("inference.structured") is not None
+
+
+@dataclass(frozen=True)
+class PreparedResponse:
+    settings: ResponseSettings
+    input_items: tuple[CanonicalItem, ...]  # this request's input, canonical
+    context: tuple[CanonicalItem, ...]  # the whole conversation rendered: history + input_items
+    prepared: Prepared | None  # None until the history of previous_response_id is in
+    stream: bool
+
+
+def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
+    fmt = request.text.format if request.text else None
+    if fmt is None or fmt.type == "text":
+        return None
+    if not STRUCTURED_OUTPUT_AVAILABLE:
+        raise InvalidRequestError(f"text.format: {fmt.type} is not supported by this server yet", param="text.format")
+    if fmt.type == "json_object":
+        return StructuredOutput("json_object")
+    return StructuredOutput("json_schema", json.dumps(fmt.schema_))
+
+
+def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem]) -> Prepared:
+    model = check_model(ctx, model=request.model)
+    ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
+    chat = responses.to_chat(request.instructions, context, tools=responses.tool_defs(request))
+    prompt = ctx.renderer.render(chat)
+    sampling = sampling_params(
+        max_tokens=output_budget(
+            ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.max_output_tokens
+        ),
+        temperature=request.temperature,
+        top_p=request.top_p,
+    )
+    structured = structured_output(request)
+    if structured is not None:
+        sampling = replace(sampling, structured=structured)
+    regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
+    return Prepared(model, prompt, sampling, regions, request.cache_salt)
+
+
+def responses_job(
+    ctx: PrepareContext,
+    raw: bytes,
+    content_type: str | None,
+    *,
+    history: tuple[CanonicalItem, ...] | None = None,
+) -> PreparedResponse:
+    """Parse and check the body; render it unless it continues a response whose history is not in yet."""
+    request = decode_body(raw, content_type=content_type, model=ResponsesRequest)
+    responses.check_supported(request)
+    model = check_model(ctx, model=request.model)
+    structured_output(request)  # refused before any database work, not after it
+    items = responses.canonical_input(request)
+    waiting = request.previous_response_id is not None and history is None
+    context = [*(history or ()), *items]
+    prepared = None if waiting else prepare_response(ctx, request=request, context=context)
+    return PreparedResponse(
+        settings=responses.settings_of(request, model),
+        input_items=tuple(items),
+        context=tuple(context),
+        prepared=prepared,
+        stream=bool(request.stream),
+    )
