@@ -56,6 +56,8 @@ class UsageOut(BaseModel):
     cache_write_5m_tokens: int
     cache_write_1h_tokens: int
     cache_write_24h_tokens: int
+    cache_write_30m_tokens: int
+    cache_write_12h_tokens: int
     cache_read_tokens: int
     output_tokens: int
     cost_usd: str
@@ -81,6 +83,8 @@ class SummaryOut(BaseModel):
     cache_write_5m_tokens: int
     cache_write_1h_tokens: int
     cache_write_24h_tokens: int
+    cache_write_30m_tokens: int
+    cache_write_12h_tokens: int
     cache_read_tokens: int
     output_tokens: int
     cost_usd: str
@@ -133,6 +137,8 @@ class PriceIn(_Strict):
     cache_write_1h_multiplier: Decimal = Decimal("2.0")
     cache_read_multiplier: Decimal = Decimal("0.1")
     cache_write_24h_multiplier: Decimal | None = None
+    cache_write_30m_multiplier: Decimal = Decimal("1.7")
+    cache_write_12h_multiplier: Decimal = Decimal("5.0")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -155,6 +161,8 @@ class PriceOut(BaseModel):
     cache_write_1h_multiplier: str
     cache_read_multiplier: str
     cache_write_24h_multiplier: str | None
+    cache_write_30m_multiplier: str
+    cache_write_12h_multiplier: str
     ttl_classes: list[str]
 
     @classmethod
@@ -171,6 +179,8 @@ class PriceOut(BaseModel):
             cache_write_24h_multiplier=None
             if v.cache_write_24h_multiplier is None
             else str(v.cache_write_24h_multiplier),
+            cache_write_30m_multiplier=str(v.cache_write_30m_multiplier),
+            cache_write_12h_multiplier=str(v.cache_write_12h_multiplier),
             ttl_classes=list(v.ttl_classes),
         )
 

@@ -27,9 +27,11 @@ def usage_of(counts: TokenCounts, finished: Finished | None = None) -> Anthropic
         input_tokens=counts.input,
         cache_creation_input_tokens=counts.cache_writes,
         cache_read_input_tokens=counts.cache_read,
+        # Anthropic's two buckets: writes of the TTL classes under an hour (OpenAI's 30m), and the rest.
+        # An Anthropic request only writes 5m and 1h; the others are there so the split always adds up.
         cache_creation=CacheCreation(
-            ephemeral_5m_input_tokens=counts.cache_write_5m + counts.cache_write_24h,
-            ephemeral_1h_input_tokens=counts.cache_write_1h,
+            ephemeral_5m_input_tokens=counts.cache_write_5m + counts.cache_write_30m,
+            ephemeral_1h_input_tokens=counts.cache_write_1h + counts.cache_write_12h + counts.cache_write_24h,
         ),
         output_tokens=counts.output,
         cost_usd=finished.cost_usd if finished else None,
