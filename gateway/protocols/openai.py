@@ -9,16 +9,14 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
 from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
+from gateway.protocols.openai_caching import PromptCacheBreakpoint, PromptCacheOptions, breakpoint_ttl_s
 from kvgate.errors import InvalidRequestError
-from kvgate.usage import CACHE_5M, CACHE_24H
-
-# prompt_cache_retention as OpenAI spells it, to our TTL classes.
-RETENTION_TTL_S = {"in_memory": CACHE_5M.seconds, "in-memory": CACHE_5M.seconds, "24h": CACHE_24H.seconds}
 
 
 class TextPartParam(Strict):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
 
 
 ContentPart = Annotated[
@@ -67,7 +65,10 @@ class ChatCompletionRequest(Strict):
     seed: Seed | None = None
     user: str | None = None
     prompt_cache_key: str | None = Field(None, description="A routing hint; it does not change the cache salt.")
-    prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = None
+    prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = Field(
+        None, description="Deprecated by OpenAI in favour of prompt_cache_options."
+    )
+    prompt_cache_options: PromptCacheOptions | None = None
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
     )
@@ -118,17 +119,19 @@ def check_supported(request: ChatCompletionRequest) -> None:
         raise _refuse("stop", "at most 4 stop sequences may be given")
 
 
-def _content_text(message: ChatMessageParam, index: int) -> str:
+def _content_parts(message: ChatMessageParam, index: int, options: PromptCacheOptions | None) -> tuple[TextPart, ...]:
+    # One TextPart per content part: the renderer joins them as before, and a part with a
+    # prompt_cache_breakpoint ends a cacheable prefix.
     if message.content is None:
-        return ""
+        return (TextPart(""),)
     if isinstance(message.content, str):
-        return message.content
-    texts = []
+        return (TextPart(message.content),)
+    parts = []
     for j, part in enumerate(message.content):
         if isinstance(part, OtherType):
             raise _refuse(f"messages.{index}.content.{j}", f"content parts of type {part.type!r} are not supported yet")
-        texts.append(part.text)
-    return "\n\n".join(texts)
+        parts.append(TextPart(part.text, breakpoint_ttl_s(part.prompt_cache_breakpoint, options)))
+    return tuple(parts) or (TextPart(""),)
 
 
 def to_chat(request: ChatCompletionRequest) -> Chat:
@@ -140,7 +143,7 @@ def to_chat(request: ChatCompletionRequest) -> Chat:
         if message.tool_calls:
             raise _refuse(f"messages.{i}.tool_calls", "assistant tool calls are not supported yet")
         role = "system" if message.role == "developer" else message.role
-        messages.append(ChatMessage(role, (TextPart(_content_text(message, i)),)))
+        messages.append(ChatMessage(role, _content_parts(message, i, request.prompt_cache_options)))
     tools = tuple(ToolDef(t.model_dump(exclude_none=True)) for t in request.tools or [])
     return Chat(messages=tuple(messages), tools=tools)
 
@@ -148,9 +151,20 @@ def to_chat(request: ChatCompletionRequest) -> Chat:
 # --- responses -----------------------------------------------------------------------------------
 
 
+class CacheWriteTokensDetails(BaseModel):
+    """Cache writes by TTL class (kvgate's extension, shaped like the Responses API's ttl_30m/ttl_12h split)."""
+
+    ttl_5m_tokens: int
+    ttl_30m_tokens: int
+    ttl_1h_tokens: int
+    ttl_12h_tokens: int
+    ttl_24h_tokens: int
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int
+    cache_write_tokens_details: CacheWriteTokensDetails
 
 
 class CompletionUsage(BaseModel):

@@ -13,6 +13,7 @@ from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
 from gateway.protocols.openai import (
     AssistantMessage,
+    CacheWriteTokensDetails,
     ChatCompletion,
     Choice,
     CompletionUsage,
@@ -21,6 +22,7 @@ from gateway.protocols.openai import (
     finish_reason,
 )
 from gateway.sse import event
+from kvgate.usage import TTL_CLASSES
 
 log = structlog.get_logger("kvgate.gateway")
 
@@ -32,7 +34,11 @@ def usage_of(finished: Finished) -> CompletionUsage:
         completion_tokens=counts.output,
         total_tokens=counts.prompt_tokens + counts.output,
         prompt_tokens_details=PromptTokensDetails(
-            cached_tokens=counts.cache_read, cache_write_tokens=counts.cache_writes
+            cached_tokens=counts.cache_read,
+            cache_write_tokens=counts.cache_writes,
+            cache_write_tokens_details=CacheWriteTokensDetails(
+                **{f"ttl_{t.name}_tokens": getattr(counts, t.category.value) for t in TTL_CLASSES}
+            ),
         ),
         cost_usd=finished.cost_usd,
     )
