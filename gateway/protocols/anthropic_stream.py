@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 
 import structlog
@@ -16,10 +17,13 @@ from gateway.protocols.anthropic import (
     message_id,
     stop_reason,
 )
-from gateway.sse import event
+from gateway.sse import event, keepalive_until_first
+from inference.types import TokenDelta
 from kvgate.usage import TokenCounts
 
 log = structlog.get_logger("kvgate.gateway")
+
+PING = event("ping", {"type": "ping"})
 
 
 def usage_of(counts: TokenCounts, finished: Finished | None = None) -> AnthropicUsage:
@@ -51,13 +55,21 @@ def message_of(finished: Finished, *, request_id: str, model: str) -> MessageRes
 
 
 async def message_events(gen: Generation, *, request_id: str, model: str) -> AsyncGenerator[bytes, None]:
-    """message_start, content_block_start, ping, content_block_delta..., content_block_stop,
-    message_delta, message_stop; or an error event if the engine fails mid-stream."""
+    """ping (at once, then every few seconds until the first token), message_start,
+    content_block_start, ping, content_block_delta..., content_block_stop, message_delta,
+    message_stop; or an error event if the engine fails mid-stream."""
     deltas = gen.handle.__aiter__()
     done = False
     try:
-        # message_start carries the prompt's cache usage, which exists once prefill is done.
-        first = await anext(deltas, None)
+        # message_start carries the prompt's cache usage, which is exact once prefill is done (the
+        # writes are counted as blocks are committed). Until then the client gets a ping at once
+        # and every few seconds, so a long cold prefill is not silence (the SDK skips pings).
+        yield PING
+        arrived: list[TokenDelta | None] = []
+        async with contextlib.aclosing(keepalive_until_first(deltas, arrived, keepalive=PING)) as pings:
+            async for ping in pings:
+                yield ping
+        first = arrived[0]
         counts = gen.early_counts()
         start_usage = usage_of(counts).model_dump(mode="json")
         start_usage["output_tokens"] = max(1, counts.output)
@@ -81,7 +93,7 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
             "content_block_start",
             {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         )
-        yield event("ping", {"type": "ping"})
+        yield PING  # where Anthropic's streams have theirs
         delta = first
         while delta is not None:
             if delta.text:

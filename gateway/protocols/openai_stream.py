@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -21,7 +22,8 @@ from gateway.protocols.openai import (
     completion_id,
     finish_reason,
 )
-from gateway.sse import event
+from gateway.sse import COMMENT_KEEPALIVE, event, keepalive_until_first
+from inference.types import TokenDelta
 from kvgate.usage import TTL_CLASSES
 
 log = structlog.get_logger("kvgate.gateway")
@@ -72,10 +74,18 @@ async def chunk_events(
 
     done = False
     try:
+        # The role chunk goes at once; until the first token, an SSE comment every few seconds.
         yield chunk({"role": "assistant", "content": ""})
-        async for delta in gen.handle:
+        deltas = gen.handle.__aiter__()
+        arrived: list[TokenDelta | None] = []
+        async with contextlib.aclosing(keepalive_until_first(deltas, arrived, keepalive=COMMENT_KEEPALIVE)) as pings:
+            async for ping in pings:
+                yield ping
+        delta = arrived[0]
+        while delta is not None:
             if delta.text:
                 yield chunk({"content": delta.text})
+            delta = await anext(deltas, None)
         finished = await gen.finish(await gen.handle.result())
         done = True
         if finished.status == "error":
