@@ -24,6 +24,9 @@ from kvgate.usage import TokenCounts
 log = structlog.get_logger("kvgate.gateway")
 
 PING = event("ping", {"type": "ping"})
+TEXT_BLOCK_START = event(
+    "content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+)
 
 
 def usage_of(counts: TokenCounts, finished: Finished | None = None) -> AnthropicUsage:
@@ -46,7 +49,8 @@ def message_of(finished: Finished, *, request_id: str, model: str) -> MessageRes
     output = finished.output
     return MessageResponse(
         id=message_id(request_id),
-        content=[TextContent(text=output.text)],
+        # An empty reply has no content block, as at Anthropic (content: []).
+        content=[TextContent(text=output.text)] if output.text else [],
         model=model,
         stop_reason=stop_reason(output.finish_reason, output.stop_sequence),
         stop_sequence=output.stop_sequence,
@@ -56,8 +60,8 @@ def message_of(finished: Finished, *, request_id: str, model: str) -> MessageRes
 
 async def message_events(gen: Generation, *, request_id: str, model: str) -> AsyncGenerator[bytes, None]:
     """ping (at once, then every few seconds until the first token), message_start,
-    content_block_start, ping, content_block_delta..., content_block_stop, message_delta,
-    message_stop; or an error event if the engine fails mid-stream."""
+    content_block_start, ping, content_block_delta..., content_block_stop (no block for an
+    empty reply), message_delta, message_stop; or an error event if the engine fails mid-stream."""
     deltas = gen.handle.__aiter__()
     done = False
     try:
@@ -89,14 +93,16 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
                 },
             },
         )
-        yield event(
-            "content_block_start",
-            {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
-        )
-        yield PING  # where Anthropic's streams have theirs
+        # The text block opens with the first text: an empty reply has no block, as at Anthropic
+        # (an empty text block sent back in a later request is a 400 there and here).
+        opened = False
         delta = first
         while delta is not None:
             if delta.text:
+                if not opened:
+                    opened = True
+                    yield TEXT_BLOCK_START
+                    yield PING  # where Anthropic's streams have theirs
                 yield event(
                     "content_block_delta",
                     {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": delta.text}},
@@ -109,7 +115,8 @@ async def message_events(gen: Generation, *, request_id: str, model: str) -> Asy
             yield event("error", {"type": "error", "error": {"type": error.anthropic_type, "message": error.message}})
             return
         output = finished.output
-        yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        if opened:
+            yield event("content_block_stop", {"type": "content_block_stop", "index": 0})
         final = usage_of(finished.counts, finished).model_dump(mode="json", exclude={"cache_creation", "service_tier"})
         yield event(
             "message_delta",
