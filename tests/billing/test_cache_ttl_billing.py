@@ -144,3 +144,52 @@ async def test_a_budget_refusal_is_sent_once(server, sessions):
     with pytest.raises(openai.RateLimitError):
         await asyncio.to_thread(gpt.chat.completions.create, **body)
     assert attempts == ["/v1/chat/completions"] * 3
+
+
+async def test_reads_past_the_last_breakpoint_are_reported_and_billed(server, sessions):
+    """kvgate reads what a tenant cached before even where a request has no effective breakpoint
+    (providers report nothing there): the read is reported, the counts still add up to the
+    prompt, and the ledger charges exactly the reported counts (reads at 0.1x)."""
+    key = server.new_key()
+    claude, gpt = server.anthropic(key), server.openai(key)
+    question = [{"role": "user", "content": "Do you sell tickets?"}]
+
+    def blocks(short_ttl: bool) -> list[dict[str, Any]]:
+        short = {"type": "text", "text": "Be brief."}
+        long = {"type": "text", "text": SYSTEM}
+        marker = {"cache_control": {"type": "ephemeral"}}
+        return [{**short, **marker}, long] if short_ttl else [short, {**long, **marker}]
+
+    body = {"model": server.model, "max_tokens": 4, "messages": question}
+    writer = await asyncio.to_thread(claude.messages.create, system=blocks(short_ttl=False), **body)
+    assert writer.usage.cache_creation_input_tokens >= 240
+    # Only a breakpoint below the minimum: no region, nothing written, but the prefix is read.
+    raw = await asyncio.to_thread(claude.messages.with_raw_response.create, system=blocks(short_ttl=True), **body)
+    reader = raw.parse()
+    usage = reader.usage
+    assert usage.cache_read_input_tokens == writer.usage.cache_creation_input_tokens
+    assert usage.cache_creation_input_tokens == 0
+    counted = await asyncio.to_thread(
+        claude.messages.count_tokens, model=server.model, system=blocks(short_ttl=True), messages=question
+    )
+    assert usage.input_tokens + usage.cache_read_input_tokens == counted.input_tokens
+    # OpenAI: explicit mode without breakpoints writes nothing and reads the same prefix.
+    chat = await asyncio.to_thread(
+        gpt.chat.completions.with_raw_response.create,
+        model=server.model,
+        max_tokens=4,
+        messages=[{"role": "system", "content": "Be brief.\n\n" + SYSTEM}, *question],
+        prompt_cache_options={"mode": "explicit"},
+    )
+    completion = chat.parse()
+    details = completion.usage.prompt_tokens_details
+    assert details.cache_write_tokens == 0 and details.cached_tokens == usage.cache_read_input_tokens
+    for request_id, cost in (
+        (raw.headers["request-id"], Decimal(str(usage.cost_usd))),
+        (chat.headers["x-request-id"], Decimal(str(completion.usage.cost_usd))),
+    ):
+        entry = await ledger_entry(sessions, request_id)
+        counts = TokenCounts.from_columns(entry)
+        assert counts.cache_read == usage.cache_read_input_tokens and counts.cache_writes == 0
+        assert counts.input + counts.cache_read == counts.prompt_tokens
+        assert cost == expected_cost(counts) == Decimal(entry.cost_pico).scaleb(-12)
