@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 import anthropic
@@ -89,3 +90,24 @@ def test_a_prompt_past_the_context_is_context_length_exceeded(gateway: GatewaySe
     assert error["type"] == "invalid_request_error"
     # A prompt that fits is answered.
     assert client.chat.completions.create(model=gateway.model, max_tokens=2, messages=QUESTION).choices
+
+
+def test_where_streamers_find_the_cost(gateway: GatewayServer) -> None:
+    key = gateway.new_key()
+    gateway.billing.price[key.tenant_id] = Decimal("0.000123")
+    with gateway.anthropic(key).messages.stream(model=gateway.model, max_tokens=3, messages=QUESTION) as stream:
+        deltas = [event for event in stream if event.type == "message_delta"]
+        final = stream.get_final_message()
+    # On the message_delta event (an extra field the SDK keeps), not on the helper's final message.
+    assert Decimal(str(deltas[-1].usage.cost_usd)) == Decimal("0.000123")
+    assert "cost_usd" not in (final.usage.model_extra or {})
+    chunks = list(
+        gateway.openai(key).chat.completions.create(
+            model=gateway.model,
+            max_tokens=3,
+            messages=QUESTION,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert Decimal(str(chunks[-1].usage.cost_usd)) == Decimal("0.000123")
