@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, TextPart, ToolDef
 from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
+from gateway.protocols.openai_caching import RETENTION_TTL_S as RETENTION_TTL_S  # where it used to live
 from gateway.protocols.openai_caching import PromptCacheBreakpoint, PromptCacheOptions, breakpoint_ttl_s
 from kvgate.errors import InvalidRequestError
 
@@ -164,7 +165,7 @@ class CacheWriteTokensDetails(BaseModel):
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int
-    cache_write_tokens_details: CacheWriteTokensDetails
+    cache_write_tokens_details: CacheWriteTokensDetails | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class CompletionUsage(BaseModel):

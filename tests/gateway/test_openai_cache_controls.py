@@ -218,3 +218,12 @@ def test_only_the_latest_explicit_breakpoints_are_written() -> None:
     legacy = CachePlan(options=None, retention=None)
     assert legacy.regions([], prompt_tokens=600, min_tokens=64) == (CacheRegion(end=600, ttl_s=300),)
     assert legacy.regions([], prompt_tokens=60, min_tokens=64) == ()
+    # A breakpoint without prompt_cache_options: implicit mode, the request TTL 30m.
+    assert legacy.regions(four[:1], prompt_tokens=600, min_tokens=64) == (
+        CacheRegion(end=100, ttl_s=43200),
+        CacheRegion(end=600, ttl_s=1800),
+    )
+    # Below the minimum, nothing; a 12h request TTL applies to the implicit breakpoint.
+    assert explicit.regions([bp(50, "12h")], prompt_tokens=600, min_tokens=64) == ()
+    long = CachePlan(options=PromptCacheOptions(ttl="12h"), retention="in_memory")
+    assert long.regions([], prompt_tokens=600, min_tokens=64) == (CacheRegion(end=600, ttl_s=43200),)
