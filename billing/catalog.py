@@ -35,6 +35,8 @@ def to_version(row: PriceVersionRow) -> PriceVersion:
         cache_write_1h_multiplier=row.cache_write_1h_multiplier,
         cache_read_multiplier=row.cache_read_multiplier,
         cache_write_24h_multiplier=row.cache_write_24h_multiplier,
+        cache_write_30m_multiplier=row.cache_write_30m_multiplier,
+        cache_write_12h_multiplier=row.cache_write_12h_multiplier,
     )
 
 
@@ -70,6 +72,8 @@ async def add_version(*, session: AsyncSession, spec: PriceSpec, source: str) ->
         cache_write_1h_multiplier=spec.cache_write_1h_multiplier,
         cache_read_multiplier=spec.cache_read_multiplier,
         cache_write_24h_multiplier=spec.cache_write_24h_multiplier,
+        cache_write_30m_multiplier=spec.cache_write_30m_multiplier,
+        cache_write_12h_multiplier=spec.cache_write_12h_multiplier,
         source=source[:200],
     )
     session.add(row)

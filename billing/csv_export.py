@@ -29,6 +29,8 @@ CSV_COLUMNS = (
     "cache_write_5m_tokens",
     "cache_write_1h_tokens",
     "cache_write_24h_tokens",
+    "cache_write_30m_tokens",
+    "cache_write_12h_tokens",
     "cache_read_tokens",
     "output_tokens",
     "cost_usd",
@@ -57,6 +59,8 @@ class UsageRow:
     cache_write_5m_tokens: int
     cache_write_1h_tokens: int
     cache_write_24h_tokens: int
+    cache_write_30m_tokens: int
+    cache_write_12h_tokens: int
     cache_read_tokens: int
     output_tokens: int
     cost_pico: int

@@ -61,6 +61,9 @@ class PriceVersionRow(Base):
     cache_write_1h_multiplier: Mapped[Decimal] = mapped_column(DecimalText())
     cache_read_multiplier: Mapped[Decimal] = mapped_column(DecimalText())
     cache_write_24h_multiplier: Mapped[Decimal | None] = mapped_column(DecimalText(), default=None)
+    # Added by migration 0006, which gave the versions before it the default multipliers.
+    cache_write_30m_multiplier: Mapped[Decimal] = mapped_column(DecimalText())
+    cache_write_12h_multiplier: Mapped[Decimal] = mapped_column(DecimalText())
     source: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
@@ -99,6 +102,8 @@ class LedgerEntry(Base):
     cache_write_5m_tokens: Mapped[int] = mapped_column(BigInteger)
     cache_write_1h_tokens: Mapped[int] = mapped_column(BigInteger)
     cache_write_24h_tokens: Mapped[int] = mapped_column(BigInteger)
+    cache_write_30m_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_12h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_read_tokens: Mapped[int] = mapped_column(BigInteger)
     output_tokens: Mapped[int] = mapped_column(BigInteger)
     cost_pico: Mapped[int] = mapped_column(BigInteger)
@@ -134,6 +139,8 @@ class UsageRollup(Base):
     cache_write_5m_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_write_1h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_write_24h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_30m_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_12h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_read_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     output_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cost_pico: Mapped[int] = mapped_column(BigInteger, default=0)

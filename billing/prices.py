@@ -23,10 +23,16 @@ DEFAULT_PRICE_FILE = Path(__file__).with_name("prices.toml")
 FALLBACK_MODEL = "*"
 """A catalog entry for this name prices every model that has none of its own."""
 
+# 5m and 1h are Anthropic's write prices. 30m and 12h (OpenAI's prompt_cache_options and
+# prompt_cache_breakpoint TTLs, which OpenAI has not priced separately) follow the curve through
+# Anthropic's two points: a write premium of 0.25 x (TTL / 5 min) ** (log 4 / log 12), rounded to
+# 0.05, so 30m is 1.7x and 12h 5x (see docs/billing.md, "Cache TTL classes").
 DEFAULT_MULTIPLIERS: dict[str, Decimal] = {
     "cache_write_5m_multiplier": Decimal("1.25"),
     "cache_write_1h_multiplier": Decimal("2.0"),
     "cache_read_multiplier": Decimal("0.1"),
+    "cache_write_30m_multiplier": Decimal("1.7"),
+    "cache_write_12h_multiplier": Decimal("5.0"),
 }
 # Bounds that keep every cost inside the ledger's 64-bit pico-dollar columns.
 MAX_USD_PER_MTOK = Decimal(10_000)
@@ -45,7 +51,9 @@ class Rates:
 
     input: int
     cache_write_5m: int
+    cache_write_30m: int
     cache_write_1h: int
+    cache_write_12h: int
     cache_write_24h: int | None
     cache_read: int
     output: int
@@ -66,6 +74,8 @@ class PriceSpec:
     cache_write_5m_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_5m_multiplier"]
     cache_write_1h_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_1h_multiplier"]
     cache_read_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_read_multiplier"]
+    cache_write_30m_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_30m_multiplier"]
+    cache_write_12h_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_12h_multiplier"]
     cache_write_24h_multiplier: Decimal | None = None
     rates: Rates = field(init=False, repr=False, compare=False)
 
@@ -91,7 +101,9 @@ class PriceSpec:
             Rates(
                 input=_rate(self.model, "input", p_in),
                 cache_write_5m=_rate(self.model, "cache write 5m", p_in * self.cache_write_5m_multiplier),
+                cache_write_30m=_rate(self.model, "cache write 30m", p_in * self.cache_write_30m_multiplier),
                 cache_write_1h=_rate(self.model, "cache write 1h", p_in * self.cache_write_1h_multiplier),
+                cache_write_12h=_rate(self.model, "cache write 12h", p_in * self.cache_write_12h_multiplier),
                 cache_write_24h=None if m24 is None else _rate(self.model, "cache write 24h", p_in * m24),
                 cache_read=_rate(self.model, "cache read", p_in * self.cache_read_multiplier),
                 output=_rate(self.model, "output", p_out),

@@ -54,6 +54,8 @@ class UsageOut(BaseModel):
     cache_write_5m_tokens: int
     cache_write_1h_tokens: int
     cache_write_24h_tokens: int
+    cache_write_30m_tokens: int
+    cache_write_12h_tokens: int
     cache_read_tokens: int
     output_tokens: int
     cost_usd: str
@@ -79,6 +81,8 @@ class SummaryOut(BaseModel):
     cache_write_5m_tokens: int
     cache_write_1h_tokens: int
     cache_write_24h_tokens: int
+    cache_write_30m_tokens: int
+    cache_write_12h_tokens: int
     cache_read_tokens: int
     output_tokens: int
     cost_usd: str
@@ -131,6 +135,8 @@ class PriceIn(StrictBody):
     cache_write_1h_multiplier: Decimal = Decimal("2.0")
     cache_read_multiplier: Decimal = Decimal("0.1")
     cache_write_24h_multiplier: Decimal | None = None
+    cache_write_30m_multiplier: Decimal = Decimal("1.7")
+    cache_write_12h_multiplier: Decimal = Decimal("5.0")
 
     @field_validator("*", mode="before")
     @classmethod
@@ -153,6 +159,8 @@ class PriceOut(BaseModel):
     cache_write_1h_multiplier: str
     cache_read_multiplier: str
     cache_write_24h_multiplier: str | None
+    cache_write_30m_multiplier: str
+    cache_write_12h_multiplier: str
     ttl_classes: list[str]
 
     @classmethod
@@ -169,6 +177,8 @@ class PriceOut(BaseModel):
             cache_write_24h_multiplier=None
             if v.cache_write_24h_multiplier is None
             else str(v.cache_write_24h_multiplier),
+            cache_write_30m_multiplier=str(v.cache_write_30m_multiplier),
+            cache_write_12h_multiplier=str(v.cache_write_12h_multiplier),
             ttl_classes=list(v.ttl_classes),
         )
 

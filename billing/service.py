@@ -32,6 +32,7 @@ from billing.spool import ReplayResult, Spool
 from kvgate.db import insert_ignore, utcnow
 from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
 from kvgate.tenancy import UsageRecord
+from kvgate.usage import TTL_CLASSES
 
 __all__ = ["BillingService", "BudgetUnavailableError", "SettleOutcome", "is_database_unavailable"]
 
@@ -117,7 +118,7 @@ class BillingService:
     def estimate_pico(self, *, model: str, prompt_tokens: int, max_output_tokens: int, at: datetime) -> int:
         """Upper bound on a request's cost: every prompt token at the dearest write rate, all output."""
         rates = self.price_for(model, at).rates
-        prompt_rates = (rates.input, rates.cache_write_5m, rates.cache_write_1h, rates.cache_write_24h)
+        prompt_rates = (rates.input, *(getattr(rates, t.category.value) for t in TTL_CLASSES))
         dearest = max(rate for rate in prompt_rates if rate is not None)
         return max(0, prompt_tokens) * dearest + max(0, max_output_tokens) * rates.output
 

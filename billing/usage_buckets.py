@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.errors import BillingDomainError
 from billing.models import LedgerEntry, UsageRollup
-from billing.usage_rollups import NO_KEY, ROLLUP_SUMS
+from billing.usage_rollups import NO_KEY, ROLLUP_SUMS, TOKEN_SUMS
 from kvgate.usage import EntryKind, TokenCounts
 
 Width = Literal["1m", "1h", "1d"]
@@ -207,9 +207,9 @@ async def _sums(
             model=grouped.get("model"),
             api_key_id=None if key_id in (None, NO_KEY) else key_id,
             requests=int(requests),
-            counts=TokenCounts(*(int(v) for v in sums[:6])),
-            cost_pico=int(sums[6]),
-            uncached_cost_pico=int(sums[7]),
+            counts=TokenCounts(*(int(v) for v in sums[:TOKEN_SUMS])),
+            cost_pico=int(sums[TOKEN_SUMS]),
+            uncached_cost_pico=int(sums[TOKEN_SUMS + 1]),
         )
         found.append((bucket, result))
     return found

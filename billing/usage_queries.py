@@ -123,9 +123,9 @@ async def summarize(*, session: AsyncSession, where: UsageFilter, group_by: Grou
         SummaryRow(
             key=row[0],
             requests=int(row[1]),
-            counts=TokenCounts(*(int(v) for v in row[2:8])),
-            cost_pico=int(row[8]),
-            uncached_cost_pico=int(row[9]),
+            counts=TokenCounts(*(int(v) for v in row[2 : 2 + len(sums)])),
+            cost_pico=int(row[2 + len(sums)]),
+            uncached_cost_pico=int(row[3 + len(sums)]),
         )
         for row in (await session.execute(query)).all()
     ]

@@ -14,18 +14,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing.models import UsageRollup
 from kvgate.db import dialect_insert
-from kvgate.usage import EntryKind
+from kvgate.usage import EntryKind, TokenCounts
 
-ROLLUP_SUMS = (
-    "input_tokens",
-    "cache_write_5m_tokens",
-    "cache_write_1h_tokens",
-    "cache_write_24h_tokens",
-    "cache_read_tokens",
-    "output_tokens",
-    "cost_pico",
-    "uncached_cost_pico",
-)
+# The token columns in TokenCounts' field order (so their sums make TokenCounts(*sums[:TOKEN_SUMS])), then the costs.
+TOKEN_SUMS = len(TokenCounts().as_columns())
+ROLLUP_SUMS = (*TokenCounts().as_columns(), "cost_pico", "uncached_cost_pico")
 # The rollup's key for an entry without an API key (primary key columns cannot be NULL).
 NO_KEY = ""
 

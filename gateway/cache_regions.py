@@ -1,8 +1,11 @@
 """Cache breakpoints to the engine's cacheable regions.
 
 A breakpoint whose prefix is shorter than the minimum cacheable length has no
-effect. Of the rest, the engine gets (end of the last 1h breakpoint, 3600 s) then
-(end of the last breakpoint, 300 s): longest TTL first, each region a prefix.
+effect. Of the rest, the engine gets one region per TTL class, longest TTL first,
+each ending at the last breakpoint of that TTL or later (a prefix a longer TTL
+already covers is not written again): for Anthropic's 5m and 1h, (end of the last
+1h breakpoint, 3600 s) then (end of the last breakpoint, 300 s); OpenAI's 30m and
+12h breakpoints (gateway.protocols.openai_caching) the same way.
 Tokens after the last breakpoint are never committed, and an empty tuple means
 the request writes nothing (it may still read what its tenant cached before).
 """

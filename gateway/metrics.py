@@ -39,8 +39,8 @@ class GatewayMetrics:
         )  # fmt: skip
         self._tokens = Counter(
             "kvgate:gateway_tokens",
-            "Tokens of usage records, by model and billing category (input, cache_write_5m, cache_write_1h, "
-            "cache_write_24h, cache_read, output).",
+            "Tokens of usage records, by model and billing category (input, cache_write_5m, cache_write_30m, "
+            "cache_write_1h, cache_write_12h, cache_write_24h, cache_read, output).",
             ["model", "category"],
             registry=self.registry,
         )

@@ -71,6 +71,11 @@ class BillingError(KvgateError):
     openai_type = "insufficient_quota"
     openai_code = "insufficient_quota"
 
+    def __init__(self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None) -> None:
+        # Retrying cannot help until someone raises the limit or adds credit: both SDKs honour
+        # x-should-retry, so a refused request is sent once (OpenAI's would retry its 429 twice).
+        super().__init__(message, param=param, headers={"x-should-retry": "false", **(headers or {})})
+
 
 class PermissionDeniedError(KvgateError):
     status = 403

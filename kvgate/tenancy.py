@@ -83,6 +83,9 @@ class UsageRecord(Base):
     input_tokens: Mapped[int] = mapped_column(BigInteger)
     cache_write_5m_tokens: Mapped[int] = mapped_column(BigInteger)
     cache_write_1h_tokens: Mapped[int] = mapped_column(BigInteger)
+    # OpenAI's 30m and 12h TTLs (migration 0006; older rows hold 0).
+    cache_write_30m_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    cache_write_12h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     # OpenAI's 24h retention; always 0 unless billing prices that TTL class.
     cache_write_24h_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     cache_read_tokens: Mapped[int] = mapped_column(BigInteger)

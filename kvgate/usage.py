@@ -20,7 +20,9 @@ class Category(StrEnum):
 
     INPUT = "input"
     CACHE_WRITE_5M = "cache_write_5m"
+    CACHE_WRITE_30M = "cache_write_30m"
     CACHE_WRITE_1H = "cache_write_1h"
+    CACHE_WRITE_12H = "cache_write_12h"
     CACHE_WRITE_24H = "cache_write_24h"
     CACHE_READ = "cache_read"
     OUTPUT = "output"
@@ -29,7 +31,9 @@ class Category(StrEnum):
 CATEGORY_LABELS: dict[Category, str] = {
     Category.INPUT: "Input",
     Category.CACHE_WRITE_5M: "Cache write (5m)",
+    Category.CACHE_WRITE_30M: "Cache write (30m)",
     Category.CACHE_WRITE_1H: "Cache write (1h)",
+    Category.CACHE_WRITE_12H: "Cache write (12h)",
     Category.CACHE_WRITE_24H: "Cache write (24h)",
     Category.CACHE_READ: "Cache read",
     Category.OUTPUT: "Output",
@@ -47,10 +51,12 @@ class TtlClass:
     standard: bool
 
 
-CACHE_5M = TtlClass(300, "5m", Category.CACHE_WRITE_5M, standard=True)
-CACHE_1H = TtlClass(3600, "1h", Category.CACHE_WRITE_1H, standard=True)
-CACHE_24H = TtlClass(86400, "24h", Category.CACHE_WRITE_24H, standard=False)  # OpenAI's 24h retention
-TTL_CLASSES = (CACHE_5M, CACHE_1H, CACHE_24H)
+CACHE_5M = TtlClass(300, "5m", Category.CACHE_WRITE_5M, standard=True)  # Anthropic's default
+CACHE_30M = TtlClass(1800, "30m", Category.CACHE_WRITE_30M, standard=True)  # OpenAI's prompt_cache_options default
+CACHE_1H = TtlClass(3600, "1h", Category.CACHE_WRITE_1H, standard=True)  # Anthropic's ttl "1h"
+CACHE_12H = TtlClass(43200, "12h", Category.CACHE_WRITE_12H, standard=True)  # OpenAI's prompt_cache_breakpoint "12h"
+CACHE_24H = TtlClass(86400, "24h", Category.CACHE_WRITE_24H, standard=False)  # OpenAI's deprecated 24h retention
+TTL_CLASSES = (CACHE_5M, CACHE_30M, CACHE_1H, CACHE_12H, CACHE_24H)
 DEFAULT_TTL = CACHE_5M
 """Writes under a TTL outside the table (an engine's own default) are counted in this class."""
 TTL_BY_SECONDS = {t.seconds: t for t in TTL_CLASSES}
@@ -69,7 +75,9 @@ class TokenCounts:
 
     input: int = 0
     cache_write_5m: int = 0
+    cache_write_30m: int = 0
     cache_write_1h: int = 0
+    cache_write_12h: int = 0
     cache_write_24h: int = 0
     cache_read: int = 0
     output: int = 0
@@ -86,7 +94,7 @@ class TokenCounts:
 
     @property
     def cache_writes(self) -> int:
-        return self.cache_write_5m + self.cache_write_1h + self.cache_write_24h
+        return sum(getattr(self, t.category.value) for t in TTL_CLASSES)
 
     def by_category(self) -> dict[Category, int]:
         return {Category(f.name): getattr(self, f.name) for f in fields(self)}

@@ -31,6 +31,8 @@ def register(subparsers: Any) -> None:
     sub.add_argument("--cache-write-5m-multiplier", default="1.25")
     sub.add_argument("--cache-write-1h-multiplier", default="2.0")
     sub.add_argument("--cache-read-multiplier", default="0.1")
+    sub.add_argument("--cache-write-30m-multiplier", default="1.7")
+    sub.add_argument("--cache-write-12h-multiplier", default="5.0")
     sub.add_argument("--cache-write-24h-multiplier", help="offer OpenAI-style 24h retention at this multiplier")
     sub.set_defaults(handler=command(_add))
 
@@ -63,6 +65,8 @@ async def _add(service: BillingService, args: argparse.Namespace) -> None:
         cache_write_5m_multiplier=Decimal(args.cache_write_5m_multiplier),
         cache_write_1h_multiplier=Decimal(args.cache_write_1h_multiplier),
         cache_read_multiplier=Decimal(args.cache_read_multiplier),
+        cache_write_30m_multiplier=Decimal(args.cache_write_30m_multiplier),
+        cache_write_12h_multiplier=Decimal(args.cache_write_12h_multiplier),
         cache_write_24h_multiplier=None
         if args.cache_write_24h_multiplier is None
         else Decimal(args.cache_write_24h_multiplier),

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
+from gateway.protocols.common import DISCRIMINATOR_TAGS
 from kvgate.errors import InvalidRequestError, KvgateError, NotFoundError
 
 Dialect = Literal["anthropic", "openai"]
@@ -69,13 +70,12 @@ def _respond(request: Request, error: KvgateError) -> Response:
 def _describe_loc(loc: tuple[Any, ...]) -> str:
     parts: list[str] = []
     previous: Any = None
-    for item in loc:
-        # Drop pydantic's union-member labels ("str", "list[...]", discriminator tags).
-        skip = isinstance(item, str) and (
-            "[" in item
-            or item in ("str", "int", "float", "bool", "none")
-            or (isinstance(previous, int) and item in ("other",))
-        )
+    for index, item in enumerate(loc):
+        # Drop pydantic's union-member labels ("str", "list[...]", discriminator tags). A tag
+        # follows a list index and has the member's fields after it ("content.0.text.cache_control"
+        # is the text block's cache_control; "system.0.text" is a block's text field).
+        is_tag = isinstance(previous, int) and item in DISCRIMINATOR_TAGS and index + 1 < len(loc)
+        skip = isinstance(item, str) and ("[" in item or item in ("str", "int", "float", "bool", "none") or is_tag)
         if not skip:
             parts.append(str(item))
         previous = item

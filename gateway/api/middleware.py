@@ -129,7 +129,9 @@ class RequestContextMiddleware:
             if message["type"] == "http.response.start":
                 started = True
                 status = message["status"]
-                message["headers"] = [*message.get("headers", []), (b"request-id", request_id.encode())]
+                # request-id is Anthropic's header, x-request-id OpenAI's (the SDKs' `_request_id`); both, everywhere.
+                rid = request_id.encode()
+                message["headers"] = [*message.get("headers", []), (b"request-id", rid), (b"x-request-id", rid)]
             await send(message)
 
         received = 0

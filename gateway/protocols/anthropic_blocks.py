@@ -1,9 +1,10 @@
 """An Anthropic message's content: blocks from output text, for the message body and for the stream.
 
-Without tools the content is one text block, opened before the first delta as
-always. With tools, the text goes through gateway.tools.parse: text blocks open as
-text arrives, and each parsed call becomes a tool_use block (content_block_start
-with empty input, one input_json_delta with the arguments, content_block_stop).
+A text block opens with the first text, so an empty reply has no block (content: [],
+as at Anthropic, where an empty text block sent back in a later request is a 400).
+With tools, the text goes through gateway.tools.parse: text blocks open as text
+arrives, and each parsed call becomes a tool_use block (content_block_start with
+empty input, one input_json_delta with the arguments, content_block_stop).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from gateway.sse import event
 from gateway.tools.parse import CallOut, ParseEvent, ToolCallParser, ToolParsing, new_call_id, parse_output
 
 ID_PREFIX = "toolu_"
+PING = event("ping", {"type": "ping"})
 
 
 def content_of(text: str, tools: ToolParsing | None) -> tuple[list[TextContent | ToolUseContent], bool]:
     """The body's content blocks, and whether any is a tool call."""
     if tools is None:
-        return [TextContent(text=text)], False
+        return ([TextContent(text=text)] if text else []), False
     events = parse_output(text, tools, id_prefix=ID_PREFIX)
     blocks: list[TextContent | ToolUseContent] = [
         ToolUseContent(id=e.call.id, name=e.call.name, input=e.call.input)
@@ -29,8 +31,7 @@ def content_of(text: str, tools: ToolParsing | None) -> tuple[list[TextContent |
         for e in events
     ]
     calls = any(isinstance(e, CallOut) for e in events)
-    # An output that is neither text nor a call is one empty text block, as without tools.
-    return (blocks or [TextContent(text="")]), calls
+    return [b for b in blocks if not isinstance(b, TextContent) or b.text], calls
 
 
 class BlockStream:
@@ -45,21 +46,13 @@ class BlockStream:
     def saw_calls(self) -> bool:
         return self._parser is not None and self._parser.calls > 0
 
-    def open(self) -> list[bytes]:
-        return [] if self._parser else self._start({"type": "text", "text": ""})
-
     def feed(self, text: str) -> list[bytes]:
         if self._parser is None:
-            return [self._text_delta(text)] if text else []
+            return self._text(text) if text else []
         return self._events(self._parser.feed(text))
 
     def close(self) -> list[bytes]:
-        if self._parser is None:
-            return [self._stop()]
-        out = self._events(self._parser.close())
-        if self._index < 0:  # as without tools: one (empty) text block
-            out += self._start({"type": "text", "text": ""})
-            self._text_open = True
+        out = self._events(self._parser.close()) if self._parser else []
         if self._text_open:
             out.append(self._stop())
             self._text_open = False
@@ -77,17 +70,23 @@ class BlockStream:
                 delta = {"type": "input_json_delta", "partial_json": e.call.arguments}
                 out.append(self._delta(delta))
                 out.append(self._stop())
-            else:
-                if not self._text_open:
-                    out += self._start({"type": "text", "text": ""})
-                    self._text_open = True
-                out.append(self._text_delta(e.text))
+            elif e.text:
+                out += self._text(e.text)
+        return out
+
+    def _text(self, text: str) -> list[bytes]:
+        out = []
+        if not self._text_open:
+            out += self._start({"type": "text", "text": ""})
+            self._text_open = True
+        out.append(self._text_delta(text))
         return out
 
     def _start(self, block: dict[str, Any]) -> list[bytes]:
         self._index += 1
         start = {"type": "content_block_start", "index": self._index, "content_block": block}
-        return [event("content_block_start", start)]
+        # The first block is followed by a ping, where Anthropic's streams have theirs.
+        return [event("content_block_start", start), *([PING] if self._index == 0 else [])]
 
     def _text_delta(self, text: str) -> bytes:
         return self._delta({"type": "text_delta", "text": text})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator
 
 import structlog
@@ -15,22 +16,24 @@ from gateway.protocols.anthropic import (
     message_id,
     stop_reason,
 )
-from gateway.protocols.anthropic_blocks import BlockStream, content_of
-from gateway.sse import event
+from gateway.protocols.anthropic_blocks import PING, BlockStream, content_of
+from gateway.sse import event, keepalive_until_first
 from gateway.tools.parse import ToolParsing
+from inference.types import TokenDelta
 from kvgate.usage import TokenCounts
 
 log = structlog.get_logger("kvgate.gateway")
-
 
 def usage_of(counts: TokenCounts, finished: Finished | None = None) -> AnthropicUsage:
     return AnthropicUsage(
         input_tokens=counts.input,
         cache_creation_input_tokens=counts.cache_writes,
         cache_read_input_tokens=counts.cache_read,
+        # Anthropic's two buckets: writes of the TTL classes under an hour (OpenAI's 30m), and the rest.
+        # An Anthropic request only writes 5m and 1h; the others are there so the split always adds up.
         cache_creation=CacheCreation(
-            ephemeral_5m_input_tokens=counts.cache_write_5m + counts.cache_write_24h,
-            ephemeral_1h_input_tokens=counts.cache_write_1h,
+            ephemeral_5m_input_tokens=counts.cache_write_5m + counts.cache_write_30m,
+            ephemeral_1h_input_tokens=counts.cache_write_1h + counts.cache_write_12h + counts.cache_write_24h,
         ),
         output_tokens=counts.output,
         cost_usd=finished.cost_usd if finished else None,
@@ -53,15 +56,23 @@ def message_of(finished: Finished, *, request_id: str, model: str, tools: ToolPa
 async def message_events(
     gen: Generation, *, request_id: str, model: str, tools: ToolParsing | None = None
 ) -> AsyncGenerator[bytes, None]:
-    """message_start, content_block_start, ping, content_block_delta..., content_block_stop,
-    message_delta, message_stop; or an error event if the engine fails mid-stream.
-    With tools, blocks open as the output shows what they are (gateway.protocols.anthropic_blocks)."""
+    """ping (at once, then every few seconds until the first token), message_start,
+    content_block_start, ping, content_block_delta..., content_block_stop (no block for an
+    empty reply), message_delta, message_stop; or an error event if the engine fails mid-stream.
+    Blocks open as the output shows what they are (gateway.protocols.anthropic_blocks)."""
     blocks = BlockStream(tools)
     deltas = gen.handle.__aiter__()
     done = False
     try:
-        # message_start carries the prompt's cache usage, which exists once prefill is done.
-        first = await anext(deltas, None)
+        # message_start carries the prompt's cache usage, which is exact once prefill is done (the
+        # writes are counted as blocks are committed). Until then the client gets a ping at once
+        # and every few seconds, so a long cold prefill is not silence (the SDK skips pings).
+        yield PING
+        arrived: list[TokenDelta | None] = []
+        async with contextlib.aclosing(keepalive_until_first(deltas, arrived, keepalive=PING)) as pings:
+            async for ping in pings:
+                yield ping
+        first = arrived[0]
         counts = gen.early_counts()
         start_usage = usage_of(counts).model_dump(mode="json")
         start_usage["output_tokens"] = max(1, counts.output)
@@ -81,9 +92,6 @@ async def message_events(
                 },
             },
         )
-        for block_event in blocks.open():
-            yield block_event
-        yield event("ping", {"type": "ping"})
         delta = first
         while delta is not None:
             for block_event in blocks.feed(delta.text):

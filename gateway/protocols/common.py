@@ -34,8 +34,14 @@ class OtherType(BaseModel):
     type: str
 
 
+# The discriminator tags type_tag gives out: pydantic puts them in error locations, where
+# gateway.api.errors leaves them out of the `param` it reports.
+DISCRIMINATOR_TAGS: set[str] = {"other"}
+
+
 def type_tag(known: Collection[str | None], *, tag: str) -> Callable[[Any], str]:
     """A pydantic discriminator: `tag` for the supported `type` values, "other" for the rest."""
+    DISCRIMINATOR_TAGS.add(tag)
 
     def kind(value: Any) -> str:
         found = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)

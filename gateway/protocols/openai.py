@@ -8,20 +8,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
-from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
+from gateway.prompt import BLOCK_SEPARATOR, Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
 from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
+from gateway.protocols.openai_caching import RETENTION_TTL_S as RETENTION_TTL_S  # where it used to live
+from gateway.protocols.openai_caching import PromptCacheBreakpoint, PromptCacheOptions, breakpoint_ttl_s
 from gateway.tools.choice import ToolChoice
 from gateway.tools.history import check_pairing
 from kvgate.errors import InvalidRequestError
-from kvgate.usage import CACHE_5M, CACHE_24H
-
-# prompt_cache_retention as OpenAI spells it, to our TTL classes.
-RETENTION_TTL_S = {"in_memory": CACHE_5M.seconds, "in-memory": CACHE_5M.seconds, "24h": CACHE_24H.seconds}
 
 
 class TextPartParam(Strict):
     type: Literal["text"]
     text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None
 
 
 ContentPart = Annotated[
@@ -71,7 +70,10 @@ class ChatCompletionRequest(Strict):
     seed: Seed | None = None
     user: str | None = None
     prompt_cache_key: str | None = Field(None, description="A routing hint; it does not change the cache salt.")
-    prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = None
+    prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = Field(
+        None, description="Deprecated by OpenAI in favour of prompt_cache_options."
+    )
+    prompt_cache_options: PromptCacheOptions | None = None
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
     )
@@ -122,45 +124,49 @@ def check_supported(request: ChatCompletionRequest) -> None:
         raise _refuse("stop", "at most 4 stop sequences may be given")
 
 
-def _content_text(message: ChatMessageParam, index: int) -> str:
+def _content_parts(message: ChatMessageParam, index: int, options: PromptCacheOptions | None) -> tuple[TextPart, ...]:
+    # One TextPart per content part: the renderer joins them as before, and a part with a
+    # prompt_cache_breakpoint ends a cacheable prefix.
     if message.content is None:
-        return ""
+        return (TextPart(""),)
     if isinstance(message.content, str):
-        return message.content
-    texts = []
+        return (TextPart(message.content),)
+    parts = []
     for j, part in enumerate(message.content):
         if isinstance(part, OtherType):
             raise _refuse(f"messages.{index}.content.{j}", f"content parts of type {part.type!r} are not supported yet")
-        texts.append(part.text)
-    return "\n\n".join(texts)
+        parts.append(TextPart(part.text, breakpoint_ttl_s(part.prompt_cache_breakpoint, options)))
+    return tuple(parts) or (TextPart(""),)
 
 
 def to_chat(request: ChatCompletionRequest) -> Chat:
     check_supported(request)
-    messages = [_message(message, i) for i, message in enumerate(request.messages)]
+    messages = [_message(message, i, request.prompt_cache_options) for i, message in enumerate(request.messages)]
     check_pairing(messages, style="openai")
     tools = tuple(ToolDef(t.model_dump(exclude_none=True)) for t in request.tools or [])
     return Chat(messages=tuple(messages), tools=tools, tool_choice=tool_choice(request))
 
 
-def _message(message: ChatMessageParam, i: int) -> ChatMessage:
+def _message(message: ChatMessageParam, i: int, options: PromptCacheOptions | None) -> ChatMessage:
     if message.role == "function":
         raise _refuse(
             f"messages.{i}.role", "function messages (the deprecated function-calling API) are not supported; use tools"
         )
     if message.tool_calls is not None and message.role != "assistant":
         raise _refuse(f"messages.{i}.tool_calls", "only assistant messages can have tool_calls")
+    parts = _content_parts(message, i, options)
     if message.role == "tool":
         if not message.tool_call_id:
             raise _refuse(f"messages.{i}.tool_call_id", "tool messages need the tool_call_id they answer")
-        return ChatMessage("tool", (ToolResultPart(message.tool_call_id, _content_text(message, i)),))
+        text = BLOCK_SEPARATOR.join(part.text for part in parts)
+        ttl_s = next((part.ttl_s for part in reversed(parts) if part.ttl_s), None)
+        return ChatMessage("tool", (ToolResultPart(message.tool_call_id, text, ttl_s=ttl_s),))
     role = "system" if message.role == "developer" else message.role
-    text = _content_text(message, i)
     if not message.tool_calls:
-        return ChatMessage(role, (TextPart(text),))
-    parts: list[ChatPart] = [TextPart(text)] if text else []
-    parts += [_tool_call(call, f"messages.{i}.tool_calls.{k}") for k, call in enumerate(message.tool_calls)]
-    return ChatMessage(role, tuple(parts))
+        return ChatMessage(role, parts)
+    with_calls: list[ChatPart] = [part for part in parts if part.text or part.ttl_s]
+    with_calls += [_tool_call(call, f"messages.{i}.tool_calls.{k}") for k, call in enumerate(message.tool_calls)]
+    return ChatMessage(role, tuple(with_calls))
 
 
 def _tool_call(call: dict[str, Any], where: str) -> ToolCallPart:
@@ -203,9 +209,20 @@ def tool_choice(request: ChatCompletionRequest) -> ToolChoice:
 # --- responses -----------------------------------------------------------------------------------
 
 
+class CacheWriteTokensDetails(BaseModel):
+    """Cache writes by TTL class (kvgate's extension, shaped like the Responses API's ttl_30m/ttl_12h split)."""
+
+    ttl_5m_tokens: int
+    ttl_30m_tokens: int
+    ttl_1h_tokens: int
+    ttl_12h_tokens: int
+    ttl_24h_tokens: int
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int
+    cache_write_tokens_details: CacheWriteTokensDetails | None = Field(None, exclude_if=lambda v: v is None)
 
 
 class CompletionUsage(BaseModel):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -13,6 +14,7 @@ from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
 from gateway.protocols.openai import (
     AssistantMessage,
+    CacheWriteTokensDetails,
     ChatCompletion,
     Choice,
     CompletionUsage,
@@ -22,8 +24,10 @@ from gateway.protocols.openai import (
     completion_id,
     finish_reason,
 )
-from gateway.sse import event
+from gateway.sse import COMMENT_KEEPALIVE, event, keepalive_until_first
 from gateway.tools.parse import CallOut, ParseEvent, ToolCallParser, ToolParsing, new_call_id, parse_output
+from inference.types import TokenDelta
+from kvgate.usage import TTL_CLASSES
 
 ID_PREFIX = "call_"
 
@@ -37,7 +41,11 @@ def usage_of(finished: Finished) -> CompletionUsage:
         completion_tokens=counts.output,
         total_tokens=counts.prompt_tokens + counts.output,
         prompt_tokens_details=PromptTokensDetails(
-            cached_tokens=counts.cache_read, cache_write_tokens=counts.cache_writes
+            cached_tokens=counts.cache_read,
+            cache_write_tokens=counts.cache_writes,
+            cache_write_tokens_details=CacheWriteTokensDetails(
+                **{f"ttl_{t.name}_tokens": getattr(counts, t.category.value) for t in TTL_CLASSES}
+            ),
         ),
         cost_usd=finished.cost_usd,
     )
@@ -106,14 +114,22 @@ async def chunk_events(
     parser = ToolCallParser(tools, new_id=lambda: new_call_id(ID_PREFIX)) if tools else None
     done = False
     try:
+        # The role chunk goes at once; until the first token, an SSE comment every few seconds.
         yield chunk({"role": "assistant", "content": ""})
-        async for delta in gen.handle:
+        deltas = gen.handle.__aiter__()
+        arrived: list[TokenDelta | None] = []
+        async with contextlib.aclosing(keepalive_until_first(deltas, arrived, keepalive=COMMENT_KEEPALIVE)) as pings:
+            async for ping in pings:
+                yield ping
+        delta = arrived[0]
+        while delta is not None:
             if parser is not None:
                 before = parser.calls
                 for body in _deltas(parser.feed(delta.text), before):
                     yield chunk(body)
             elif delta.text:
                 yield chunk({"content": delta.text})
+            delta = await anext(deltas, None)
         finished = await gen.finish(await gen.handle.result())
         done = True
         if finished.status == "error":

@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from gateway.cache_regions import automatic_region, breakpoint_regions
+from gateway.cache_regions import breakpoint_regions
 from gateway.generation import Prepared, output_budget
 from gateway.prompt import Chat, PromptRenderer
 from gateway.protocols import anthropic, openai
+from gateway.protocols.openai_caching import RETENTION_TTL_S, CachePlan
 from gateway.request_body import decode_body
 from gateway.tools.choice import forcing_grammar
 from gateway.tools.parse import ToolParsing, parsing_for
@@ -113,7 +114,7 @@ def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) 
 
 def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompletionRequest) -> Prepared:
     model = check_model(ctx, model=request.model)
-    ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
+    plan = CachePlan(options=request.prompt_cache_options, retention=request.prompt_cache_retention)
     chat = openai.to_chat(request)
     prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
@@ -126,13 +127,13 @@ def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompleti
         stop=request.stop_sequences,
     )
     sampling, tools = with_tools(chat, sampling)
-    regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
+    regions = plan.regions(prompt.breakpoints, prompt_tokens=len(prompt.token_ids), min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
 
 def check_retention(gw: Gateway, *, model: str, retention: str | None) -> None:
     """A prompt_cache_retention past 1h needs billing to price its TTL class."""
-    ttl_s = openai.RETENTION_TTL_S[retention or "in_memory"]
+    ttl_s = RETENTION_TTL_S[retention or "in_memory"]
     if ttl_s not in STANDARD_TTLS_S and not gw.billing.allows_ttl(model=model, ttl_s=ttl_s):
         raise InvalidRequestError(
             f"prompt_cache_retention: {retention!r} is not enabled on this server", param="prompt_cache_retention"

@@ -20,7 +20,7 @@ from billing.money import (
 )
 from billing.pricebook import NoPriceError, PriceBook
 from billing.prices import PriceError, PriceSpec, PriceVersion, load_price_file, parse_price_entries
-from kvgate.usage import TokenCounts
+from kvgate.usage import Category, TokenCounts
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -33,7 +33,14 @@ def spec(p_in: str, p_out: str, **kw) -> PriceSpec:
 
 def formula(p_in: Decimal, p_out: Decimal, c: TokenCounts) -> Decimal:
     """The issue's formula, written out independently with Decimal."""
-    equiv = c.input + Decimal("1.25") * c.cache_write_5m + 2 * c.cache_write_1h + Decimal("0.1") * c.cache_read
+    equiv = (
+        c.input
+        + Decimal("1.25") * c.cache_write_5m
+        + Decimal("1.7") * c.cache_write_30m
+        + 2 * c.cache_write_1h
+        + 5 * c.cache_write_12h
+        + Decimal("0.1") * c.cache_read
+    )
     return (p_in * equiv + p_out * c.output) / Decimal(1_000_000)
 
 
@@ -75,7 +82,9 @@ def test_fractional_prices_stay_exact():
         TokenCounts,
         input=st.integers(0, 10**7),
         cache_write_5m=st.integers(0, 10**7),
+        cache_write_30m=st.integers(0, 10**7),
         cache_write_1h=st.integers(0, 10**7),
+        cache_write_12h=st.integers(0, 10**7),
         cache_read=st.integers(0, 10**7),
         output=st.integers(0, 10**6),
     ),
@@ -92,7 +101,21 @@ def test_24h_class_only_where_offered():
         plain.cost_pico(TokenCounts(cache_write_24h=1))
     offered = spec("1", "1", cache_write_24h_multiplier=Decimal("1.5"))
     assert offered.cost_pico(TokenCounts(cache_write_24h=2)) == 3_000_000
-    assert offered.ttl_classes == ("5m", "1h", "24h") and plain.ttl_classes == ("5m", "1h")
+    assert offered.ttl_classes == ("5m", "30m", "1h", "12h", "24h")
+    assert plain.ttl_classes == ("5m", "30m", "1h", "12h")
+
+
+def test_30m_and_12h_classes_have_their_own_rates():
+    # OpenAI's prompt_cache_options / prompt_cache_breakpoint TTLs: 1.7x and 5x the input price.
+    price = spec("1", "1")
+    assert price.rates.cache_write_30m == 1_700_000 and price.rates.cache_write_12h == 5_000_000
+    counts = TokenCounts(input=10, cache_write_30m=100, cache_write_12h=1000, cache_read=50)
+    # 10 + 170 + 5000 + 5 = 5185 input-token-equivalents at 1 USD/Mtok
+    assert pico_to_usd(price.cost_pico(counts)) == Decimal("0.005185")
+    assert price.unit_price_per_mtok(Category.CACHE_WRITE_12H) == Decimal(5)
+    # A catalog entry may set its own multipliers; the category follows them.
+    custom = spec("1", "1", cache_write_12h_multiplier=Decimal("3"))
+    assert custom.cost_pico(TokenCounts(cache_write_12h=2)) == 6_000_000
 
 
 def test_inexact_prices_are_refused_not_rounded():

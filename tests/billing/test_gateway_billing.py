@@ -134,12 +134,7 @@ async def ledger_sums(sessions, tenant: str) -> tuple[int, TokenCounts, int]:
             await session.execute(
                 select(
                     func.count(),
-                    func.sum(LedgerEntry.input_tokens),
-                    func.sum(LedgerEntry.cache_write_5m_tokens),
-                    func.sum(LedgerEntry.cache_write_1h_tokens),
-                    func.sum(LedgerEntry.cache_write_24h_tokens),
-                    func.sum(LedgerEntry.cache_read_tokens),
-                    func.sum(LedgerEntry.output_tokens),
+                    *(func.sum(getattr(LedgerEntry, c)) for c in TokenCounts().as_columns()),
                     func.sum(LedgerEntry.cost_pico),
                 ).where(LedgerEntry.tenant_id == tenant)
             )

@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from sqlalchemy import select
 
 from billing import catalog, usage_rollups
@@ -28,7 +29,7 @@ from billing.usage_buckets import (
     usage_buckets,
     usage_totals,
 )
-from kvgate.db import migrate, open_database, sync_url
+from kvgate.db import alembic_config, migrate, open_database, sync_url
 from kvgate.usage import EntryKind, TokenCounts
 from tests.billing.conftest import make_tenant
 from tests.gateway.harness import pg_reachable, postgres_database
@@ -37,25 +38,31 @@ DAY0 = datetime(2026, 4, 1, tzinfo=UTC)
 MODELS = ("m-test", "other")
 
 
-def random_counts(rng: random.Random) -> TokenCounts:
+def random_counts(rng: random.Random, *, ttl_classes_0006: bool = True) -> TokenCounts:
+    """Counts in every category; with ttl_classes_0006=False, none in the 30m and 12h classes (before 0006)."""
+    new = ttl_classes_0006
     return TokenCounts(
         input=rng.randrange(0, 5000),
         cache_write_5m=rng.choice((0, 0, rng.randrange(1, 4000))),
+        cache_write_30m=rng.choice((0, 0, rng.randrange(1, 4000))) if new else 0,
         cache_write_1h=rng.choice((0, 0, rng.randrange(1, 4000))),
+        cache_write_12h=rng.choice((0, 0, rng.randrange(1, 400))) if new else 0,
         cache_write_24h=rng.choice((0, 0, rng.randrange(1, 100))),
         cache_read=rng.choice((0, rng.randrange(1, 20000))),
         output=rng.randrange(1, 800),
     )
 
 
-async def write_random_ledger(sessions, pricebook, tenant: str, keys: list[str | None], *, seed: int, n: int = 50):
+async def write_random_ledger(
+    sessions, pricebook, tenant: str, keys: list[str | None], *, seed: int, n: int = 50, ttl_classes_0006: bool = True
+):
     """n requests over three days through settle_charge, some sent twice, some reversed."""
     rng = random.Random(seed)
     charges = []
     for i in range(n):
         started = DAY0 + timedelta(seconds=rng.randrange(0, 3 * 86400))
         model = rng.choice(MODELS)
-        counts = random_counts(rng)
+        counts = random_counts(rng, ttl_classes_0006=ttl_classes_0006)
         if pricebook.price_for(model, started).rates.cache_write_24h is None:
             counts = dataclasses.replace(counts, cache_write_24h=0)
         charges.append(
@@ -322,13 +329,17 @@ def fresh_db_url(request, tmp_path):
 
 
 async def test_migration_backfills_rollups_from_the_ledger(fresh_db_url, monkeypatch):
-    """Entries written at revision 0002 (no rollups table yet) are rolled up by the upgrade to 0003."""
-    migrate(fresh_db_url, "0002_billing")
+    """Entries written at revision 0002 (no rollups table yet) are rolled up by the upgrade to 0003.
+
+    The ledger is written with today's models (rollups off, no tokens in the classes 0006 adds),
+    then the database is taken down to 0002, which keeps the entries, and up to head again.
+    """
+    migrate(fresh_db_url, "head")
     tenant, keys = f"ten_{uuid.uuid4().hex[:12]}", [f"key_{uuid.uuid4().hex[:12]}" for _ in range(2)]
     engine = sa.create_engine(sync_url(fresh_db_url))
     try:
         with engine.begin() as conn:
-            # Core inserts of 0002's columns: the ORM models already have 0003's (api_keys.scopes).
+            # Core inserts of 0002's columns.
             conn.execute(
                 sa.text("INSERT INTO tenants (id, name, status, created_at) VALUES (:t, 'T', 'active', :c)"),
                 {
@@ -356,8 +367,14 @@ async def test_migration_backfills_rollups_from_the_ledger(fresh_db_url, monkeyp
             await catalog.seed_prices(session=session, specs=load_price_file(), source="tests")
             await session.commit()
             pricebook = await catalog.load_pricebook(session=session)
-        await write_random_ledger(sessions, pricebook, tenant, [*keys, None], seed=7, n=30)
+        await write_random_ledger(sessions, pricebook, tenant, [*keys, None], seed=7, n=30, ttl_classes_0006=False)
     monkeypatch.undo()
+    command.downgrade(alembic_config(fresh_db_url), "0002_billing")
+    engine = sa.create_engine(sync_url(fresh_db_url))
+    try:
+        assert "usage_rollups" not in sa.inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
     migrate(fresh_db_url, "head")
     async with open_database(fresh_db_url) as sessions:
         entries = await ledger_rows(sessions, tenant)

@@ -46,7 +46,9 @@ SYSTEM = "You are a careful assistant who answers briefly. " * 30
 LEDGER_SUMS = (
     "input_tokens",
     "cache_write_5m_tokens",
+    "cache_write_30m_tokens",
     "cache_write_1h_tokens",
+    "cache_write_12h_tokens",
     "cache_write_24h_tokens",
     "cache_read_tokens",
     "output_tokens",

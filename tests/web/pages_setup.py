@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from billing.periods import month_start
 from kvgate.db import open_database
+from kvgate.usage import Category
 from tests.gateway.harness import GatewayServer
 from tests.web.sessions import member_session
 from tests.web.usage_data import SeededMonth, seed_month
@@ -43,12 +44,13 @@ class SeededTenant:
 
     def ledger_sums(self, where: str = "", **params: Any) -> dict[str, int]:
         """The tenant's ledger summed (every entry, reversals included) under an extra SQL condition."""
-        columns = ("input", "cache_write_5m", "cache_write_1h", "cache_write_24h", "cache_read", "output")
+        columns = tuple(c.value for c in Category)
         sums = ", ".join(f"coalesce(sum({c}_tokens), 0)" for c in columns)
         query = f"SELECT {sums}, coalesce(sum(cost_pico), 0) FROM ledger_entries WHERE tenant_id = :t {where}"
         with self.server.db.connect() as conn:
             row = conn.execute(sa.text(query), {"t": self.tenant_id, **params}).one()
-        return {**{c: int(v) for c, v in zip(columns, row[:6], strict=True)}, "cost_pico": int(row[6])}
+        n = len(columns)
+        return {**{c: int(v) for c, v in zip(columns, row[:n], strict=True)}, "cost_pico": int(row[n])}
 
 
 def run_async(make: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -22,6 +22,7 @@ from web.formatting import percent
 
 OCTOBER = "preset=custom&start=2026-10-01&end=2026-10-31"
 TOKEN_COLUMNS = [c.value for c in Category]
+N = len(TOKEN_COLUMNS)
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +47,13 @@ def test_usage_table_sums_equal_the_ledger_by_day_and_in_total(acme: SeededTenan
     assert [r[0] for r in buckets] == [f"2026-10-{d:02d}" for d in range(1, 32)]
     ledger = acme.ledger_sums("AND started_at >= :s AND started_at < :e", s="2026-10-01", e="2026-11-01")
     footer = rows(html, "usage-detail", "tfoot")[0]
-    # Total, requests, then the six categories, cost, cost without cache.
-    assert [int(plain(v)) for v in footer[2:8]] == [ledger[c] for c in TOKEN_COLUMNS]
+    # Total, requests, then the categories, cost, cost without cache.
+    assert [int(plain(v)) for v in footer[2 : 2 + N]] == [ledger[c] for c in TOKEN_COLUMNS]
     assert int(attribute(html, "total-cost", "data-pico")) == ledger["cost_pico"] > 0
     # One day, against the ledger's entries of that day.
     day = acme.ledger_sums("AND started_at >= :s AND started_at < :e", s="2026-10-07", e="2026-10-08")
     oct7 = next(r for r in buckets if r[0] == "2026-10-07")
-    assert [int(plain(v)) for v in oct7[1:7]] == [day[c] for c in TOKEN_COLUMNS]
+    assert [int(plain(v)) for v in oct7[1 : 1 + N]] == [day[c] for c in TOKEN_COLUMNS]
 
 
 def test_usage_filters_by_key_and_model_and_shows_keys_by_name(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
@@ -76,8 +77,8 @@ def test_usage_filters_by_key_and_model_and_shows_keys_by_name(acme: SeededTenan
 def test_usage_in_dollars_splits_each_day_by_category_summing_to_the_exact_cost(client) -> None:  # type: ignore[no-untyped-def]
     html = client.get(f"/usage?{OCTOBER}&unit=usd").text
     for row in rows(html, "usage-buckets"):
-        categories = sum(Decimal(plain(v)) for v in row[1:7])
-        assert categories == Decimal(plain(row[7])), row
+        categories = sum(Decimal(plain(v)) for v in row[1 : 1 + N])
+        assert categories == Decimal(plain(row[1 + N])), row
 
 
 def test_hourly_for_ranges_of_two_days_or_less(client) -> None:  # type: ignore[no-untyped-def]
@@ -156,7 +157,7 @@ def test_invoice_totals_equal_the_usage_page(acme: SeededTenant, client) -> None
     for line in invoice["lines"]:
         tokens[line["category"]] += line["tokens"]
     footer = rows(usage, "usage-detail", "tfoot")[0]
-    assert [int(plain(v)) for v in footer[2:8]] == [tokens[c] for c in TOKEN_COLUMNS]
+    assert [int(plain(v)) for v in footer[2 : 2 + N]] == [tokens[c] for c in TOKEN_COLUMNS]
     listed = rows(client.get("/invoices").text, "invoices")
     mine = next(r for r in listed if r[1] == "2026-10")
     assert mine[0] == invoice["number"] and mine[2] == "finalized" and plain(mine[3]) == invoice["total_usd"]
@@ -223,9 +224,7 @@ def usage_api_by_day_and_model(acme: SeededTenant) -> dict[tuple[str, str], list
                     found[(day, r["model"])] = [
                         str(r["num_model_requests"]),
                         str(r["input_uncached_tokens"]),
-                        str(r["cache_write_5m_tokens"]),
-                        str(r["cache_write_1h_tokens"]),
-                        str(r["cache_write_24h_tokens"]),
+                        *(str(r[f"{c}_tokens"]) for c in TOKEN_COLUMNS if c.startswith("cache_write")),
                         str(r["input_cached_tokens"]),
                         str(r["output_tokens"]),
                         r["cost_usd"],
@@ -242,7 +241,7 @@ def test_usage_table_equals_the_usage_api(acme: SeededTenant, client) -> None:  
     from_api = usage_api_by_day_and_model(acme)
     assert shown == from_api and len(shown) >= 31
     # And the API's own figures add up to the ledger (so all three agree).
-    assert sum(Decimal(v[7]) for v in from_api.values()) == Decimal(acme.ledger_sums()["cost_pico"]).scaleb(-12)
+    assert sum(Decimal(v[1 + N]) for v in from_api.values()) == Decimal(acme.ledger_sums()["cost_pico"]).scaleb(-12)
 
 
 class _StripeInvoices:

@@ -32,7 +32,9 @@ def test_the_overview_shows_the_ledgers_numbers(dashboard: Dashboard, page) -> N
         for c in (
             "input_tokens",
             "cache_write_5m_tokens",
+            "cache_write_30m_tokens",
             "cache_write_1h_tokens",
+            "cache_write_12h_tokens",
             "cache_write_24h_tokens",
             "cache_read_tokens",
         )

@@ -46,6 +46,8 @@ class CompletionsResult(BaseModel):
     cache_write_5m_tokens: int
     cache_write_1h_tokens: int
     cache_write_24h_tokens: int
+    cache_write_30m_tokens: int
+    cache_write_12h_tokens: int
     cost_usd: str = Field(description="Exact cost in USD, as on the invoice (a decimal string).")
     uncached_cost_usd: str = Field(description="What the same requests would have cost without caching.")
 
@@ -64,6 +66,8 @@ class CompletionsResult(BaseModel):
             cache_write_5m_tokens=counts.cache_write_5m,
             cache_write_1h_tokens=counts.cache_write_1h,
             cache_write_24h_tokens=counts.cache_write_24h,
+            cache_write_30m_tokens=counts.cache_write_30m,
+            cache_write_12h_tokens=counts.cache_write_12h,
             cost_usd=usd(result.cost_pico),
             uncached_cost_usd=usd(result.uncached_cost_pico),
         )
