@@ -24,6 +24,7 @@ from kvgate.usage import TokenCounts
 
 log = structlog.get_logger("kvgate.gateway")
 
+
 def usage_of(counts: TokenCounts, finished: Finished | None = None) -> AnthropicUsage:
     return AnthropicUsage(
         input_tokens=counts.input,
