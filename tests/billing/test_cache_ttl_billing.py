@@ -16,7 +16,7 @@ import openai
 import pytest
 from sqlalchemy import select
 
-from billing import budgets
+from billing import budget_limits
 from billing.models import LedgerEntry
 from billing.prices import load_price_file
 from kvgate.usage import TokenCounts
@@ -111,7 +111,7 @@ async def test_12h_and_30m_writes_are_billed_in_their_own_categories(server, ses
 async def test_a_budget_refusal_is_sent_once(server, sessions):
     key = server.new_key()
     async with sessions() as session:
-        await budgets.set_tenant_budget(session=session, tenant_id=key.tenant_id, monthly_limit_pico=10**6)
+        await budget_limits.set_tenant_budget(session=session, tenant_id=key.tenant_id, monthly_limit_pico=10**6)
         await session.commit()
     attempts: list[str] = []
     strip = False
