@@ -16,8 +16,9 @@ from gateway.cache_regions import automatic_region, breakpoint_regions
 from gateway.generation import Prepared, output_budget
 from gateway.prompt import PromptRenderer
 from gateway.protocols import anthropic, openai
+from gateway.protocols.structured import anthropic_structured, openai_structured
 from gateway.request_body import decode_body
-from inference.types import SamplingParams
+from inference.types import SamplingParams, StructuredOutput
 from kvgate.errors import InvalidRequestError, ModelNotFoundError
 from kvgate.usage import STANDARD_TTLS_S
 
@@ -61,6 +62,7 @@ def sampling_params(
     top_k: int | None = None,
     seed: int | None = None,
     stop: tuple[str, ...] = (),
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     t = 1.0 if temperature is None else temperature
     return SamplingParams(
@@ -70,6 +72,7 @@ def sampling_params(
         top_k=top_k or 0,
         seed=seed,
         stop=tuple(s for s in stop if s),
+        structured=structured,
     )
 
 
@@ -93,6 +96,7 @@ def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) 
         top_p=request.top_p,
         top_k=request.top_k,
         stop=tuple(request.stop_sequences or ()),
+        structured=anthropic_structured(request.output_config),
     )
     regions = breakpoint_regions(prompt.breakpoints, min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt)
@@ -110,6 +114,7 @@ def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompleti
         top_p=request.top_p,
         seed=request.seed,
         stop=request.stop_sequences,
+        structured=openai_structured(request.response_format),
     )
     regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt)
