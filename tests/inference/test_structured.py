@@ -112,7 +112,6 @@ def test_json_object_outputs_are_objects(tiny_engine: Engine) -> None:
     for i, prompt in enumerate(prompts(6, seed=3)):
         params = SamplingParams(max_tokens=200, temperature=1.0, seed=i, structured=StructuredOutput("json_object"))
         out = checked(tiny_engine.generate(prompt, params))
-        print(out.finish_reason, len(out.token_ids))
         if out.finish_reason == "stop":
             stopped += 1
             assert isinstance(json.loads(out.text), dict), out.text
