@@ -269,9 +269,10 @@ def bench_engine(loaded: LoadedModel, reps: int, new_tokens: int) -> list[dict]:
         # Several prompts that differ in their first token, so that none reads another's cache.
         prompts = [[prompt[0] + i, *prompt[1:]] for i in range(batch)]
         samples: dict[str, list[float]] = {"none": [], "json schema": []}
-        for _ in range(reps):  # interleaved, so drift on a shared machine hits both alike
-            samples["none"] += decode_steps(engine, prompts, plain)
-            samples["json schema"] += decode_steps(engine, prompts, constrained)
+        for rep in range(reps):  # interleaved, each first in turn, so drift on a shared machine hits both alike
+            order = [("none", plain), ("json schema", constrained)]
+            for label, params in order if rep % 2 == 0 else order[::-1]:
+                samples[label] += decode_steps(engine, prompts, params)
         for label, times in samples.items():
             rows.append(
                 {"batch": batch, "grammar": label, "median_ms": statistics.median(times) * 1e3, "steps": len(times)}
@@ -332,7 +333,7 @@ def main() -> None:
         libraries.append(cls(tokenizer, vocab, eos))
         setup[cls.name] = time.perf_counter() - t0
     lib_rows = [row for lib in libraries for row in bench_library(lib, tokenizer, reps)]
-    engine_rows = bench_engine(loaded, 2 if args.quick else 3, 64)
+    engine_rows = bench_engine(loaded, 2 if args.quick else 4, 64)
     mask_cost = in_engine_mask_cost(loaded, 64)
     load_after = os.getloadavg()[0]
     lines = report(lib_rows, setup, engine_rows, mask_cost, (load_before, load_after), loaded)
