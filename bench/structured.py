@@ -394,6 +394,12 @@ def report(
             extra = f" ({row['median_ms'] / base[row['batch']] - 1:+.1%})"
         lines.append(f"| {row['batch']} | {row['grammar']} | {row['median_ms']:.2f} ms{extra} | {row['steps']} |")
     sample = next(r for r in engine_rows if "sample" in r)
+    if load[0] > (os.cpu_count() or 1):
+        lines += [
+            "",
+            "The machine was shared (load average above its core count), so the two rows of a batch size differ "
+            "by run-to-run noise more than by the grammar; the in-engine cost below is measured directly.",
+        ]
     lines += [
         "",
         f"Inside the engine, masking and advancing cost {mask_cost[0] * 1e6:.0f} µs per token (median; mean "
