@@ -7,6 +7,8 @@ the field) while preparing a request, before it reaches the engine.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import llguidance
@@ -23,6 +25,7 @@ JSON_OPTIONS: llguidance.JsonCompileOptions = {
 }
 # Far above any real schema or grammar; the gateway's body limits bound it first.
 MAX_SPEC_CHARS = 1_000_000
+MAX_ERROR_CHARS = 1000
 
 
 def grammar_for(spec: StructuredOutput) -> str:
@@ -56,7 +59,27 @@ def lark_json(schema: dict[str, Any] | bool) -> str:
     """
     if isinstance(schema, bool):
         schema = {} if schema else {"not": {}}
-    return "%json " + json.dumps({**schema, "x-guidance": {**JSON_OPTIONS, **schema.get("x-guidance", {})}})
+    options = schema.get("x-guidance", {})
+    return "%json " + json.dumps(
+        {**schema, "x-guidance": {**JSON_OPTIONS, **(options if isinstance(options, dict) else {})}}
+    )
+
+
+def is_panic(exc: BaseException) -> bool:
+    """A Rust panic inside llguidance (pyo3's PanicException, a BaseException, not an Exception)."""
+    return type(exc).__name__ == "PanicException"
+
+
+@contextmanager
+def panics_as(error: Callable[[str], Exception]) -> Iterator[None]:
+    """Turn a panic of the grammar library into `error(message)`: seen on odd schemas (an error
+    message cut inside a multi-byte character); it must not escape as a BaseException."""
+    try:
+        yield
+    except BaseException as exc:
+        if not is_panic(exc):
+            raise
+        raise error(f"the grammar library failed on it: {str(exc).splitlines()[0][:200]}") from None
 
 
 def check_structured(spec: StructuredOutput) -> None:
@@ -64,11 +87,17 @@ def check_structured(spec: StructuredOutput) -> None:
 
     Needs no tokenizer; the engine compiles against its tokenizer again when the request arrives.
     """
-    error = llguidance.LLMatcher.validate_grammar(grammar_for(spec))
+    with panics_as(lambda message: InvalidRequestError(describe(spec, message))):
+        error = llguidance.LLMatcher.validate_grammar(grammar_for(spec))
     if error:
         raise InvalidRequestError(describe(spec, error))
 
 
 def describe(spec: StructuredOutput, error: str) -> str:
+    """The client's error message: llguidance's reason (a caret under the spot, for grammars),
+    without the backtrace it appends to a caught panic, and bounded."""
     what = {"json_schema": "JSON schema", "grammar": "grammar", "json_object": "JSON object format"}.get(spec.kind)
-    return f"invalid {what or 'structured output'}: {error.strip()}"
+    reason = error.split("<backtrace>", 1)[0].strip()
+    if len(reason) > MAX_ERROR_CHARS:
+        reason = reason[:MAX_ERROR_CHARS] + "..."
+    return f"invalid {what or 'structured output'}: {reason}"

@@ -23,7 +23,7 @@ import numpy as np
 import structlog
 import torch
 
-from inference.grammar import describe, grammar_for
+from inference.grammar import describe, grammar_for, panics_as
 from inference.types import InvalidRequestError, StructuredOutput
 
 log = structlog.get_logger(__name__)
@@ -71,8 +71,9 @@ class StructuredOutputs:
             if matcher is not None:
                 self._compiled.move_to_end(spec)
                 return matcher
-        grammar = grammar_for(spec)
-        matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
+        with panics_as(lambda message: InvalidRequestError(describe(spec, message))):
+            grammar = grammar_for(spec)
+            matcher = llguidance.LLMatcher(self._tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise InvalidRequestError(describe(spec, matcher.get_error()))
         with self._lock:
@@ -92,7 +93,9 @@ class StructuredOutputs:
 
     def open(self, request_id: str, spec: StructuredOutput) -> None:
         """Give a request its own matcher, at the grammar's start."""
-        self._live[request_id] = self.compile(spec).deep_copy()
+        matcher = self.compile(spec)
+        with panics_as(RuntimeError):
+            self._live[request_id] = matcher.deep_copy()
 
     def release(self, request_id: str) -> None:
         self._live.pop(request_id, None)
@@ -111,19 +114,21 @@ class StructuredOutputs:
         A token outside the mask cannot be sampled, so a rejection is a bug and raises.
         """
         matcher = self._live[request_id]
-        if not matcher.consume_token(token):
+        with panics_as(RuntimeError):
+            accepted, stopped = matcher.consume_token(token), matcher.is_stopped()
+        if not accepted:
             raise RuntimeError(f"the grammar matcher rejected token {token}: {matcher.get_error()}")
-        return matcher.is_stopped()
+        return stopped
 
     # -- masks -----------------------------------------------------------------------------------
 
     def bitmask(self, request_ids: Sequence[str]) -> torch.Tensor:
         """[n, ceil(vocab/32)] int32: bit t of row i is set when request i may sample token t next."""
         out = torch.zeros((len(request_ids), self._words), dtype=torch.int32)
-        for i, request_id in enumerate(request_ids):
-            row = out[i]
-            # Drops the GIL; an errored matcher yields a mask of EOS alone.
-            self._live[request_id].unsafe_compute_mask_ptr(row.data_ptr(), self._words * 4)
+        with panics_as(RuntimeError):  # a panic fails the step's grammar rows, not the engine thread
+            for i, request_id in enumerate(request_ids):
+                # Drops the GIL; an errored matcher yields a mask of EOS alone.
+                self._live[request_id].unsafe_compute_mask_ptr(out[i].data_ptr(), self._words * 4)
         return out
 
     def apply(self, logits: torch.Tensor, rows: Sequence[int], request_ids: Sequence[str]) -> torch.Tensor:

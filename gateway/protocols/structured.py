@@ -64,8 +64,9 @@ def json_schema_output(schema: dict[str, Any] | None, *, strict: bool, param: st
     enforce instead of refusing them, as OpenAI only guarantees the schema under strict."""
     if schema is None:
         schema = {}  # OpenAI's json_schema without a schema: any JSON value
-    if not strict:
-        schema = {**schema, "x-guidance": {"lenient": True, **schema.get("x-guidance", {})}}
+    options = schema.get("x-guidance", {})
+    if not strict and isinstance(options, dict):  # anything else: llguidance says what is wrong with it
+        schema = {**schema, "x-guidance": {"lenient": True, **options}}
     return _checked(StructuredOutput("json_schema", json.dumps(schema)), param)
 
 

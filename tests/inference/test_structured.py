@@ -49,6 +49,14 @@ ENUMS = {
     "required": ["kind", "quadrant", "label"],
     "additionalProperties": False,
 }
+# Found by fuzzing: llguidance 1.9.1 panics on it (an error message cut inside a 4-byte character).
+PANICS = {
+    "$ref": {
+        "type": "000000",
+        "": {"type": [None, False, 3.001149320889439e84, "000\x1f\r\x0b\x80\U00010000"]},
+        "0\x1f\u0800": False,
+    }
+}
 SCHEMAS = {"person": PERSON, "nested": NESTED, "enums": ENUMS}
 TOOL_ARGS = {
     "type": "object",
@@ -235,12 +243,15 @@ def test_plain_batches_do_no_mask_work(tiny_engine: Engine, monkeypatch: pytest.
         (StructuredOutput("grammar", "start: undefined_rule"), "unknown name"),
         (StructuredOutput("grammar", 'start: "a" %json {"type": "nope"}'), "nope"),
         (StructuredOutput("regex", "a+"), "unknown structured output kind"),  # type: ignore[arg-type]
+        # A panic inside llguidance is a clear refusal too, never a BaseException escaping.
+        (StructuredOutput("json_schema", json.dumps(PANICS)), "is not a char boundary"),
     ],
 )
 def test_invalid_specs_are_refused_before_queueing(tiny_engine: Engine, spec: StructuredOutput, message: str) -> None:
     params = SamplingParams(max_tokens=8, structured=spec)
-    with pytest.raises(InvalidRequestError, match=re.escape(message)):
+    with pytest.raises(InvalidRequestError, match=re.escape(message)) as refused:
         tiny_engine.validate([5, 6, 7], params, CacheSpec())
+    assert len(str(refused.value)) < 1100 and "backtrace" not in str(refused.value)
     with pytest.raises(InvalidRequestError, match=re.escape(message)):
         tiny_engine.add_request("bad", [5, 6, 7], params, CacheSpec())
     with pytest.raises(InvalidRequestError, match=re.escape(message)):
