@@ -24,6 +24,7 @@ from inference.request import Request, RequestStatus
 from inference.sampler import make_generator, sample
 from inference.scheduler import ScheduledChunk, Scheduler
 from inference.settings import EngineSettings
+from inference.structured import StructuredOutputs
 from inference.tiers import TierManager
 from inference.types import (
     MAX_TTL_S,
@@ -35,6 +36,7 @@ from inference.types import (
     InvalidRequestError,
     RequestOutput,
     SamplingParams,
+    StructuredOutput,
     Usage,
 )
 
@@ -62,6 +64,7 @@ class _Tracked:
     max_tokens: int
     eos_token_ids: frozenset[int]
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
+    structured: bool = False  # has a grammar matcher in Engine.structured
 
 
 class Engine:
@@ -112,6 +115,9 @@ class Engine:
         )
         self.runner = ModelRunner(self.loaded.model, self.kv_tensors, self._cpu_kernel(settings, head_dim))
         self.vocab_size = int(cfg.vocab_size)
+        self.structured = StructuredOutputs(
+            self.loaded.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.loaded.eos_token_ids
+        )
         self._tracked: dict[str, _Tracked] = {}
         # Tests hook this to see the float32 logits each sampled token came from.
         self.logits_observer: Callable[[list[str], torch.Tensor], None] | None = None
@@ -189,6 +195,10 @@ class Engine:
         needed = self.kv.blocks_needed(n + 1)
         if needed > self.pool.num_blocks:
             raise InvalidRequestError(f"the prompt needs {needed} KV blocks; the cache holds {self.pool.num_blocks}")
+        if params.structured is not None:
+            if not isinstance(params.structured, StructuredOutput):
+                raise InvalidRequestError("structured must be a StructuredOutput")
+            self.structured.validate(params.structured)  # compiled once, cached for add_request
 
     def add_request(
         self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec
@@ -225,7 +235,10 @@ class Engine:
             max_tokens=min(params.max_tokens, self.max_model_len - len(prompt)),
             eos_token_ids=frozenset() if params.ignore_eos else frozenset(self.loaded.eos_token_ids),
             stop_token_ids=frozenset(params.stop_token_ids),
+            structured=params.structured is not None,
         )
+        if params.structured is not None:
+            self.structured.open(request_id, params.structured)  # last: nothing below can fail
         # Registered only once everything above has succeeded: a request that fails to build leaves nothing behind.
         self._tracked[request_id] = tracked
         self.scheduler.add(request)
@@ -298,6 +311,9 @@ class Engine:
         rows = [r for _, r in sampling]
         if len(rows) < logits.shape[0]:  # a request failed after the pass: drop its row (a copy; rare)
             logits = logits[rows]
+        sampling, logits = self._constrain(logits, sampling, outputs)
+        if not sampling:
+            return outputs
         if self.logits_observer is not None:
             self.logits_observer([t.request.request_id for t, _ in sampling], logits)
         for (tracked, _), token in zip(sampling, self._sample(logits, [t for t, _ in sampling]), strict=True):
@@ -338,6 +354,24 @@ class Engine:
                 parts.append(logits)
         return kept, torch.cat(parts) if parts else torch.empty(0, 0)
 
+    def _constrain(
+        self, logits: torch.Tensor, sampling: list[tuple[_Tracked, int]], outputs: list[StepOutput]
+    ) -> tuple[list[tuple[_Tracked, int]], torch.Tensor]:
+        """Mask the logits of the rows whose request has a grammar; no work (the same tensor) when none has.
+
+        Masking fails only on a fault of the grammar library: the rows with a grammar then
+        fail and are dropped, the others go on with their logits as they were.
+        """
+        rows = [i for i, (tracked, _) in enumerate(sampling) if tracked.structured]
+        if not rows:
+            return sampling, logits
+        try:
+            return sampling, self.structured.apply(logits, rows, [sampling[i][0].request.request_id for i in rows])
+        except Exception as exc:
+            outputs.extend(self._fail_on_exception(sampling[i][0].request, exc) for i in rows)
+            keep = [i for i in range(len(sampling)) if i not in set(rows)]
+            return [sampling[i] for i in keep], logits[keep]
+
     def _sample(self, logits: torch.Tensor, sampling: list[_Tracked]) -> list[int | Exception]:
         """One token per row; a row whose sampling raises gets its exception instead, the others their tokens."""
         params, generators = [t.request.params for t in sampling], [t.generator for t in sampling]
@@ -372,8 +406,10 @@ class Engine:
             request.first_token_time = time.monotonic()
         detok = tracked.detokenizer
         detok.add(token)
+        # The grammar's end ends the request even with ignore_eos: past it only EOS is allowed.
+        complete = tracked.structured and self.structured.accept(request.request_id, token)
         reason: FinishReason | None = None
-        if token in tracked.eos_token_ids or token in tracked.stop_token_ids or detok.stop_sequence:
+        if token in tracked.eos_token_ids or token in tracked.stop_token_ids or detok.stop_sequence or complete:
             reason = "stop"
         elif len(request.output_token_ids) >= tracked.max_tokens or request.num_tokens >= self.max_model_len:
             reason = "length"
@@ -395,6 +431,7 @@ class Engine:
         if request.status is not RequestStatus.FINISHED:
             self.scheduler.finish(request)
         del self._tracked[request.request_id]
+        self.structured.release(request.request_id)
         delta = tracked.detokenizer.take_delta(final=True)
         now = time.monotonic()
         output = RequestOutput(
@@ -431,6 +468,7 @@ class Engine:
             log.exception("request_finish_failed", request_id=tracked.request.request_id)
         request = tracked.request
         self._tracked.pop(request.request_id, None)
+        self.structured.release(request.request_id)
         if request.status is not RequestStatus.FINISHED:
             try:
                 self.scheduler.finish(request)

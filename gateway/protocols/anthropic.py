@@ -152,8 +152,6 @@ def _text_part(block: TextBlock, where: str) -> TextPart:
 def _check_unsupported_features(request: CountTokensRequest) -> None:
     if request.thinking and request.thinking.get("type") not in (None, "disabled"):
         raise InvalidRequestError("thinking: extended thinking is not supported by this model", param="thinking")
-    if request.output_config and request.output_config.get("format"):
-        raise InvalidRequestError("output_config.format: structured outputs are not supported", param="output_config")
     if isinstance(request, MessagesRequest) and request.container is not None:
         raise InvalidRequestError("container: containers are not supported", param="container")
 

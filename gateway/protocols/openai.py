@@ -118,8 +118,6 @@ def check_supported(request: ChatCompletionRequest) -> None:
         raise _refuse("logprobs", "logprobs are not supported")
     if request.logit_bias:
         raise _refuse("logit_bias", "logit_bias is not supported")
-    if request.response_format and request.response_format.get("type") not in (None, "text"):
-        raise _refuse("response_format", "only the text response format is supported")
     if len(request.stop_sequences) > 4:
         raise _refuse("stop", "at most 4 stop sequences may be given")
 

@@ -17,10 +17,11 @@ from gateway.generation import Prepared, output_budget
 from gateway.prompt import Chat, PromptRenderer
 from gateway.protocols import anthropic, openai
 from gateway.protocols.openai_caching import RETENTION_TTL_S, CachePlan
+from gateway.protocols.structured import anthropic_structured, openai_structured
 from gateway.request_body import decode_body
 from gateway.tools.choice import forcing_grammar
 from gateway.tools.parse import ToolParsing, parsing_for
-from inference.types import SamplingParams
+from inference.types import SamplingParams, StructuredOutput
 from kvgate.errors import InvalidRequestError, ModelNotFoundError
 from kvgate.usage import STANDARD_TTLS_S
 
@@ -64,6 +65,7 @@ def sampling_params(
     top_k: int | None = None,
     seed: int | None = None,
     stop: tuple[str, ...] = (),
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     t = 1.0 if temperature is None else temperature
     return SamplingParams(
@@ -73,6 +75,7 @@ def sampling_params(
         top_k=top_k or 0,
         seed=seed,
         stop=tuple(s for s in stop if s),
+        structured=structured,
     )
 
 
@@ -106,6 +109,7 @@ def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) 
         top_p=request.top_p,
         top_k=request.top_k,
         stop=tuple(request.stop_sequences or ()),
+        structured=anthropic_structured(request.output_config),
     )
     sampling, tools = with_tools(chat, sampling)
     regions = breakpoint_regions(prompt.breakpoints, min_tokens=ctx.min_cacheable_tokens)
@@ -125,6 +129,7 @@ def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompleti
         top_p=request.top_p,
         seed=request.seed,
         stop=request.stop_sequences,
+        structured=openai_structured(request.response_format),
     )
     sampling, tools = with_tools(chat, sampling)
     regions = plan.regions(prompt.breakpoints, prompt_tokens=len(prompt.token_ids), min_tokens=ctx.min_cacheable_tokens)

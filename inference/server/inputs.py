@@ -7,11 +7,14 @@ silently lacks them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
+from typing import Any
 
 import jinja2
 
 from inference.async_engine import AsyncEngine
+from inference.grammar import check_structured
 from inference.server.errors import bad_request
 from inference.server.protocol import (
     ChatCompletionRequest,
@@ -19,7 +22,7 @@ from inference.server.protocol import (
     CompletionRequest,
     SamplingFields,
 )
-from inference.types import CacheRegion, CacheSpec, SamplingParams
+from inference.types import CacheRegion, CacheSpec, InvalidRequestError, SamplingParams, StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,6 @@ def chat_inputs(body: ChatCompletionRequest, engine: AsyncEngine) -> EngineInput
     check_model(body.model, engine.model_id)
     if body.logprobs or body.top_logprobs:
         raise bad_request("logprobs are not supported by this server", "logprobs")
-    if body.response_format is not None and body.response_format.get("type", "text") != "text":
-        raise bad_request("only the text response_format is supported", "response_format")
     # Without a tool-call parser we could only return calls as plain text; vLLM refuses
     # the same way unless the client says it wants no calls.
     if body.tools and body.tool_choice != "none":
@@ -67,7 +68,30 @@ def chat_inputs(body: ChatCompletionRequest, engine: AsyncEngine) -> EngineInput
     except jinja2.TemplateError as exc:
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
-    return _inputs(body, engine.encode(text), max_tokens, engine)
+    inputs = _inputs(body, engine.encode(text), max_tokens, engine)
+    structured = response_format(body.response_format)
+    return replace(inputs, params=replace(inputs.params, structured=structured)) if structured else inputs
+
+
+def response_format(value: dict[str, Any] | None) -> StructuredOutput | None:
+    """OpenAI's response_format as vLLM takes it: text, json_object, or json_schema with its schema."""
+    kind = (value or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput("json_object")
+    spec = (value or {}).get("json_schema")
+    if kind != "json_schema" or not isinstance(spec, dict):
+        raise bad_request(
+            "response_format must be text, json_object, or json_schema with a json_schema", "response_format"
+        )
+    schema = spec.get("schema", spec.get("json_schema", {}))
+    try:
+        structured = StructuredOutput("json_schema", json.dumps(schema))
+        check_structured(structured)
+    except (TypeError, ValueError, InvalidRequestError) as exc:
+        raise bad_request(str(exc), "response_format") from exc
+    return structured
 
 
 def _completion_prompt(body: CompletionRequest, engine: AsyncEngine) -> list[int]:

@@ -137,7 +137,6 @@ def test_openai_translation_and_refusals() -> None:
         ({"n": 2}, "n=1"),
         ({"messages": [{"role": "tool", "content": "x", "tool_call_id": "1"}]}, "preceding message with 'tool_calls'"),
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response format"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, "image_url"),
     ]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import openai
+import pytest
 
 from tests.inference.server.conftest import RunningServer
 
@@ -67,3 +70,24 @@ def test_max_completion_tokens_wins_over_max_tokens(tiny_server: RunningServer, 
     )
     assert out.usage is not None
     assert out.usage.completion_tokens == 3
+
+
+def test_response_format_json_schema_and_a_bad_schema(tiny_server: RunningServer, client: openai.OpenAI) -> None:
+    model = tiny_server.engine.model_id
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"enum": ["red", "blue"]}, "bright": {"type": "boolean"}},
+        "required": ["colour", "bright"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    out = client.chat.completions.create(
+        model=model, messages=MESSAGES, temperature=0, max_tokens=50, response_format=fmt
+    )
+    assert out.choices[0].finish_reason == "stop"
+    value = json.loads(out.choices[0].message.content)
+    assert value["colour"] in ("red", "blue") and isinstance(value["bright"], bool)
+    bad = {"type": "json_schema", "json_schema": {"name": "c", "schema": {"type": "strin"}}}
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=5, response_format=bad)
+    assert refused.value.body["param"] == "response_format" and "strin" in refused.value.body["message"]
