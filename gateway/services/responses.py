@@ -10,22 +10,16 @@ the cache.
 
 from __future__ import annotations
 
-import importlib.util
-import json
 from dataclasses import dataclass, replace
 
 from gateway.cache_regions import automatic_region
 from gateway.generation import Prepared, output_budget
 from gateway.protocols import openai, responses
 from gateway.protocols.responses import CanonicalItem, ResponseSettings, ResponsesRequest
+from gateway.protocols.structured import json_schema_output, openai_structured
 from gateway.request_body import decode_body
 from gateway.services.completions import PrepareContext, check_model, sampling_params
 from inference.types import StructuredOutput
-from kvgate.errors import InvalidRequestError
-
-# Constrained decoding lives in the engine (inference.structured); until it is there, a JSON
-# format cannot be enforced and is refused rather than silently ignored.
-STRUCTURED_OUTPUT_AVAILABLE = importlib.util.find_spec("inference.structured") is not None
 
 
 @dataclass(frozen=True)
@@ -41,11 +35,9 @@ def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
     fmt = request.text.format if request.text else None
     if fmt is None or fmt.type == "text":
         return None
-    if not STRUCTURED_OUTPUT_AVAILABLE:
-        raise InvalidRequestError(f"text.format: {fmt.type} is not supported by this server yet", param="text.format")
     if fmt.type == "json_object":
-        return StructuredOutput("json_object")
-    return StructuredOutput("json_schema", json.dumps(fmt.schema_))
+        return openai_structured({"type": "json_object"}, param="text.format")
+    return json_schema_output(fmt.schema_, strict=bool(fmt.strict), param="text.format")
 
 
 def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem]) -> Prepared:

@@ -8,11 +8,11 @@ a JSON object {"name": <one of the allowed tools>, "arguments": <its input schem
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from inference.grammar import lark_json
 from inference.types import StructuredOutput
 
 ChoiceMode = Literal["auto", "none", "any", "tool"]
@@ -74,5 +74,6 @@ def forcing_grammar(definitions: Sequence[dict[str, Any]], choice: ToolChoice) -
     rules = [r'start: "<tool_call>\n" call "\n</tool_call>"']
     rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
     for i, function in enumerate(functions):
-        rules.append(f"call_{i}: %json {json.dumps(call_schema(function), sort_keys=False)}")
+        # Compact JSON (lark_json): with free whitespace a small model can loop on blanks.
+        rules.append(f"call_{i}: {lark_json(call_schema(function))}")
     return StructuredOutput("grammar", "\n".join(rules) + "\n")

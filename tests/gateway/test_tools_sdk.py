@@ -8,7 +8,6 @@ tests that need a tool call in the output queue its text (tests.gateway.scripted
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,16 +28,6 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "uni
 QUESTION = "What is the weather in Paris today? I am packing for a long weekend there and want to know what to wear."
 EPHEMERAL = {"type": "ephemeral"}
 CALL_2 = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
-
-
-def engine_honours_structured_output() -> bool:
-    """Constrained decoding lives in inference.structured (issue 13's engine side)."""
-    return importlib.util.find_spec("inference.structured") is not None
-
-
-needs_structured = pytest.mark.skipif(
-    not engine_honours_structured_output(), reason="the engine does not constrain decoding yet (inference.structured)"
-)
 
 
 class ToolServer:
@@ -262,7 +251,6 @@ def test_the_real_engine_output_with_tools_and_bad_requests(tools_server: ToolSe
         )
 
 
-@needs_structured
 def test_forced_tool_choice_makes_the_real_engine_call_the_tool(tools_server: ToolServer) -> None:
     ts = tools_server
     body = {**first_turn(), "model": ts.server.model, "max_tokens": 200}
@@ -283,9 +271,7 @@ def test_forced_tool_choice_makes_the_real_engine_call_the_tool(tools_server: To
     assert isinstance(json.loads(forced.function.arguments), dict)
 
 
-def test_structured_check_sees_the_engine_module() -> None:
-    # The skip above turns into a run once inference.structured exists: the check itself must be right.
-    assert engine_honours_structured_output() == (importlib.util.find_spec("inference.structured") is not None)
+def test_tool_calls_name_the_finish_reason() -> None:
     assert openai_api.finish_reason("stop", tool_calls=True) == "tool_calls"
     assert anthropic_api.stop_reason("length", None, tool_use=True) == "max_tokens"
 

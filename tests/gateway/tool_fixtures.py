@@ -40,12 +40,22 @@ Reply with <tool_call>{"name": ..., "arguments": ...}</tool_call> to call one.
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
 
+# Bounded strings and no extra keys: a forced call from the tiny random model must end within max_tokens.
 WEATHER_SCHEMA = {
     "type": "object",
-    "properties": {"city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "properties": {
+        "city": {"type": "string", "maxLength": 24},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
     "required": ["city"],
+    "additionalProperties": False,
 }
-TIME_SCHEMA = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
+TIME_SCHEMA = {
+    "type": "object",
+    "properties": {"zone": {"type": "string", "maxLength": 24}},
+    "required": ["zone"],
+    "additionalProperties": False,
+}
 
 
 def anthropic_tools(*, cache_last: bool = True) -> list[dict[str, Any]]:
