@@ -8,6 +8,7 @@ same conversation, renders the same prompt prefix and reads it from the cache.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -280,12 +281,23 @@ def canonical_input(request: ResponsesRequest) -> list[CanonicalItem]:
         if isinstance(item, MessageItem):
             items.append(message_item(item.role, _parts_text(item.content, f"{where}.content")))
         elif isinstance(item, FunctionCallItem):
+            _check_arguments(item.arguments, f"{where}.arguments")
             call = {"type": "function_call", "call_id": item.call_id, "name": item.name, "arguments": item.arguments}
             items.append(call)
         else:
             output = _parts_text(item.output, f"{where}.output")
             items.append({"type": "function_call_output", "call_id": item.call_id, "output": output})
     return items
+
+
+def _check_arguments(arguments: str, where: str) -> None:
+    # Rendered as an object (a template's tool_calls, or the generic call text): anything else is a 400 here.
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _refuse(where, "must be a JSON object, as a string")
 
 
 def _item_text(item: CanonicalItem) -> str:

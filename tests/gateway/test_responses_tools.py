@@ -215,6 +215,11 @@ def test_tool_choice_none_parallel_off_and_max_tool_calls(server: Server) -> Non
         ({"tool_choice": {"type": "function", "name": "nope"}}, "tool_choice", "no function named 'nope'"),
         ({"tools": [{"type": "function", "name": "f", "parameters": "x"}]}, "tools.0.parameters", "dictionary"),
         ({"tools": [{"type": "function", "name": "f", "extra": 1}]}, "tools.0.extra", "not permitted"),
+        (
+            {"input": [{"type": "function_call", "call_id": "c", "name": "get_time", "arguments": "{oops"}]},
+            "input.0.arguments",
+            "must be a JSON object",
+        ),
         ({"tool_choice": "sometimes"}, "tool_choice", "must be 'none', 'auto', 'required'"),
         ({"tool_choice": {"type": "file_search"}}, "tool_choice", "type 'file_search' is not supported"),
         ({"tools": [], "tool_choice": "required"}, "tool_choice", "needs at least one function"),
