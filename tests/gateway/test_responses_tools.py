@@ -240,17 +240,51 @@ def test_the_real_engine_output_with_tools(server: Server) -> None:
     assert response.usage.output_tokens >= 1
 
 
+# Forced calls come from the random model itself: only enums and booleans, which it completes (an open
+# string it would write until max_output_tokens), and no room for extra properties.
+CLOSED_TOOLS = [
+    {
+        "type": "function",
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Berlin"]}, "celsius": {"type": "boolean"}},
+            "required": ["city", "celsius"],
+            "additionalProperties": False,
+        },
+    },
+    {
+        "type": "function",
+        "name": "get_time",
+        "description": "The current time in a time zone.",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["CET", "UTC"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+]
+
+
 @needs_structured
 def test_forced_tool_choice_makes_the_real_engine_call_the_tool(server: Server) -> None:
     client = server.client()
-    named = client.responses.create(
-        **server.body(max_output_tokens=200, tool_choice={"type": "function", "name": "get_weather"})
-    )
-    [call] = [i for i in named.output if i.type == "function_call"]
-    assert call.name == "get_weather" and isinstance(json.loads(call.arguments).get("city"), str)
-    required = client.responses.create(
-        **server.body(max_output_tokens=200, input="What time is it in Berlin?", tool_choice="required")
-    )
-    assert required.tool_choice == "required"
-    [forced] = [i for i in required.output if i.type == "function_call"]
-    assert forced.name in ("get_weather", "get_time") and isinstance(json.loads(forced.arguments), dict)
+    body = server.body(max_output_tokens=200, tools=CLOSED_TOOLS)
+    named = client.responses.create(**{**body, "tool_choice": {"type": "function", "name": "get_weather"}})
+    assert named.status == "completed"
+    [call] = named.output
+    assert call.type == "function_call" and call.name == "get_weather"
+    assert json.loads(call.arguments)["city"] in ("Paris", "Berlin")
+    required = client.responses.create(**{**body, "input": "What time is it in Berlin?", "tool_choice": "required"})
+    assert required.status == "completed" and required.tool_choice == "required"
+    [forced] = required.output
+    assert forced.type == "function_call" and forced.name in ("get_weather", "get_time")
+    assert isinstance(json.loads(forced.arguments), dict)
+    # Streamed, the forced call arrives as function call events.
+    with client.responses.stream(**{**body, "tool_choice": {"type": "function", "name": "get_time"}}) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and "response.output_text.delta" not in kinds
+    assert [i.type for i in final.output] == ["function_call"] and final.output[0].name == "get_time"
