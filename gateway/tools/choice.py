@@ -61,9 +61,6 @@ def call_schema(function: dict[str, Any]) -> dict[str, Any]:
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},
         "required": ["name", "arguments"],
         "additionalProperties": False,
-        # Compact JSON, as inference.grammar compiles a json_schema format: free whitespace inside
-        # a %json lets a small model loop on newlines until max_tokens.
-        "x-guidance": {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "},
     }
 
 
