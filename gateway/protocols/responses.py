@@ -8,6 +8,7 @@ same conversation, renders the same prompt prefix and reads it from the cache.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -15,6 +16,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict
+from gateway.protocols.responses_tools import shown_choice, shown_tools, tool_choice
+from gateway.tools.choice import ToolChoice
 from kvgate.errors import InvalidRequestError
 
 CanonicalItem = dict[str, Any]
@@ -136,7 +139,7 @@ class ResponsesRequest(Strict):
         None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
     )
     text: TextConfig | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # checked by responses_tools.function_tools
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     max_tool_calls: int | None = Field(None, ge=1)
@@ -160,18 +163,8 @@ def _refuse(param: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(f"{param}: {message}", param=param)
 
 
-# Tools arrive with the tools branch (tool rendering and parsing for chat completions). Ready here:
-# function_call / function_call_output items convert to ToolCallPart / ToolResultPart, and tool_defs
-# gives the definitions in the chat form. Left for the merge: tool_choice, and the model's tool calls
-# parsed into function_call output items (and response.function_call_arguments.* stream events).
-# Until then this is the one refusal to remove.
-TOOLS_SUPPORTED = False
-
-
 def check_supported(request: ResponsesRequest) -> None:
     """Refuse, clearly, what kvgate does not do on /v1/responses (docs/gateway.md lists each)."""
-    if request.tools and not TOOLS_SUPPORTED:
-        raise _refuse("tools", "tools are not supported yet on /v1/responses")
     if request.background:
         raise _refuse("background", "background responses are not supported")
     if request.conversation is not None:
@@ -212,12 +205,20 @@ class ResponseSettings:
     text: dict[str, object]
     user: str | None
     safety_identifier: str | None
+    tools: list[dict[str, Any]]
+    tool_choice: str | dict[str, str]
+    parallel_tool_calls: bool
+    max_tool_calls: int | None
 
 
 def _text_config(request: ResponsesRequest) -> dict[str, object]:
     fmt = request.text.format if request.text and request.text.format else None
     shown = fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}
     return {"format": shown, "verbosity": (request.text.verbosity if request.text else None) or "medium"}
+
+
+def choice_of(request: ResponsesRequest) -> ToolChoice:
+    return tool_choice(request.tool_choice, request.tools, parallel=request.parallel_tool_calls)
 
 
 def settings_of(request: ResponsesRequest, model: str) -> ResponseSettings:
@@ -235,6 +236,10 @@ def settings_of(request: ResponsesRequest, model: str) -> ResponseSettings:
         text=_text_config(request),
         user=request.user,
         safety_identifier=request.safety_identifier,
+        tools=shown_tools(request.tools),
+        tool_choice=shown_choice(choice_of(request)),
+        parallel_tool_calls=request.parallel_tool_calls is not False,
+        max_tool_calls=request.max_tool_calls,
     )
 
 
@@ -276,6 +281,7 @@ def canonical_input(request: ResponsesRequest) -> list[CanonicalItem]:
         if isinstance(item, MessageItem):
             items.append(message_item(item.role, _parts_text(item.content, f"{where}.content")))
         elif isinstance(item, FunctionCallItem):
+            _check_arguments(item.arguments, f"{where}.arguments")
             call = {"type": "function_call", "call_id": item.call_id, "name": item.name, "arguments": item.arguments}
             items.append(call)
         else:
@@ -284,25 +290,26 @@ def canonical_input(request: ResponsesRequest) -> list[CanonicalItem]:
     return items
 
 
+def _check_arguments(arguments: str, where: str) -> None:
+    # Rendered as an object (a template's tool_calls, or the generic call text): anything else is a 400 here.
+    try:
+        parsed = json.loads(arguments)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise _refuse(where, "must be a JSON object, as a string")
+
+
 def _item_text(item: CanonicalItem) -> str:
     return "\n\n".join(part["text"] for part in item["content"])
 
 
-def tool_defs(request: ResponsesRequest) -> tuple[ToolDef, ...]:
-    """Function tools, from the Responses API's flat form to the chat form templates expect."""
-    defs = []
-    for i, tool in enumerate(request.tools or ()):
-        if tool.get("type") != "function":
-            raise _refuse(f"tools.{i}.type", f"tools of type {tool.get('type')!r} are not supported")
-        name = tool.get("name")
-        if not isinstance(name, str) or not name:
-            raise _refuse(f"tools.{i}.name", "a function tool needs a name")
-        function = {"name": name, "description": tool.get("description") or "", "parameters": tool.get("parameters")}
-        defs.append(ToolDef({"type": "function", "function": {k: v for k, v in function.items() if v is not None}}))
-    return tuple(defs)
-
-
-def to_chat(instructions: str | None, items: list[CanonicalItem], tools: tuple[ToolDef, ...] = ()) -> Chat:
+def to_chat(
+    instructions: str | None,
+    items: list[CanonicalItem],
+    tools: tuple[ToolDef, ...] = (),
+    choice: ToolChoice | None = None,
+) -> Chat:
     """Canonical items (the whole conversation) to a Chat; instructions lead as a system message.
 
     Consecutive function calls join one assistant message (as OpenAI's tool_calls do), and
@@ -326,7 +333,7 @@ def to_chat(instructions: str | None, items: list[CanonicalItem], tools: tuple[T
             messages.append(ChatMessage("tool", (ToolResultPart(item["call_id"], item["output"]),)))
     if not messages:
         raise _refuse("input", "the conversation is empty")
-    return Chat(messages=tuple(messages), tools=tools)
+    return Chat(messages=tuple(messages), tools=tools, tool_choice=choice or ToolChoice())
 
 
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco"}

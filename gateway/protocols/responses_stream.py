@@ -1,11 +1,12 @@
 """Responses API objects from a Generation: the response body, and its server-sent event stream.
 
 The stream is OpenAI's event sequence, each event named and numbered by sequence_number:
-response.created, response.in_progress, response.output_item.added,
-response.content_part.added, response.output_text.delta (one per engine delta),
-response.output_text.done, response.content_part.done, response.output_item.done, then
+response.created, response.in_progress, then each output item's events (a message's
+response.output_text.delta, one per engine delta, or a function call's
+response.function_call_arguments.*; see gateway.protocols.responses_output), then
 response.completed, or response.incomplete when max_output_tokens cut the output. A
-failure is an `error` event followed by response.failed.
+failure is an `error` event followed by response.failed. With tools the output is read
+by gateway.tools.parse as it streams, so no piece of a `<tool_call>` tag goes out as text.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from pydantic import BaseModel, Field
 from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
 from gateway.protocols.responses import ResponseSettings
+from gateway.protocols.responses_output import OutputBuilder, OutputItem
 from gateway.sse import event
+from gateway.tools.parse import ToolCallParser, ToolParsing, new_call_id, parse_output
 from kvgate.errors import KvgateError
 
 # --- the response object -----------------------------------------------------------------------
@@ -43,24 +46,6 @@ class ResponseUsage(BaseModel):
     output_tokens_details: OutputTokensDetails
     total_tokens: int
     cost_usd: Decimal | None = Field(None, exclude_if=lambda v: v is None)
-
-
-class OutputText(BaseModel):
-    type: Literal["output_text"] = "output_text"
-    text: str
-    annotations: list[Any] = Field(default_factory=list)
-    logprobs: list[Any] = Field(default_factory=list)
-
-
-ItemStatus = Literal["in_progress", "completed", "incomplete"]
-
-
-class OutputMessage(BaseModel):
-    id: str
-    type: Literal["message"] = "message"
-    role: Literal["assistant"] = "assistant"
-    status: ItemStatus
-    content: list[OutputText]
 
 
 class IncompleteDetails(BaseModel):
@@ -88,7 +73,7 @@ class ResponseObject(BaseModel):
     max_output_tokens: int | None = None
     max_tool_calls: int | None = None
     model: str
-    output: list[OutputMessage]
+    output: list[OutputItem]
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
     prompt_cache_key: str | None = None
@@ -119,11 +104,8 @@ def response_id(request_id: str) -> str:
     return "resp_" + request_id.removeprefix("req_")
 
 
-def message_id(request_id: str) -> str:
-    return "msg_" + request_id.removeprefix("req_")
-
-
 log = structlog.get_logger("kvgate.gateway")
+CALL_ID_PREFIX = "call_"
 
 # Called with the finished response before the client hears of it (to store it first).
 Persist = Callable[[ResponseObject], Awaitable[None]]
@@ -162,25 +144,49 @@ def _shell(settings: ResponseSettings, *, request_id: str, created_at: int, stat
         top_p=settings.top_p,
         user=settings.user,
         metadata=settings.metadata,
+        tools=settings.tools,
+        tool_choice=settings.tool_choice,
+        parallel_tool_calls=settings.parallel_tool_calls,
+        max_tool_calls=settings.max_tool_calls,
     )
 
 
-def _message(request_id: str, text: str, status: Any) -> OutputMessage:
-    return OutputMessage(id=message_id(request_id), status=status, content=[OutputText(text=text)])
+def _status(finished: Finished) -> ResponseStatus:
+    return "incomplete" if finished.output.finish_reason == "length" else "completed"
 
 
-def response_of(finished: Finished, *, settings: ResponseSettings, request_id: str, created_at: int) -> ResponseObject:
+def _finished_response(
+    finished: Finished, output: OutputBuilder, *, settings: ResponseSettings, request_id: str, created_at: int
+) -> ResponseObject:
     """The finished response: completed, or incomplete when the output was cut at max_output_tokens."""
-    cut = finished.output.finish_reason == "length"
-    status: ResponseStatus = "incomplete" if cut else "completed"
+    status = _status(finished)
     response = _shell(settings, request_id=request_id, created_at=created_at, status=status)
-    response.output = [_message(request_id, finished.output.text, status)]
+    response.output = output.items
     response.usage = usage_of(finished)
-    if cut:
+    if status == "incomplete":
         response.incomplete_details = IncompleteDetails(reason="max_output_tokens")
     else:
         response.completed_at = int(time.time())
     return response
+
+
+def response_of(
+    finished: Finished,
+    *,
+    settings: ResponseSettings,
+    request_id: str,
+    created_at: int,
+    tools: ToolParsing | None = None,
+) -> ResponseObject:
+    """The whole response; with tools, the calls in the output are function_call items."""
+    output = OutputBuilder(request_id)
+    text = finished.output.text
+    if tools is None:
+        output.text(text)
+    else:
+        output.feed(parse_output(text, tools, id_prefix=CALL_ID_PREFIX))
+    output.finish(_status(finished))
+    return _finished_response(finished, output, settings=settings, request_id=request_id, created_at=created_at)
 
 
 def _error_code(error: KvgateError) -> str:
@@ -188,7 +194,13 @@ def _error_code(error: KvgateError) -> str:
 
 
 async def response_events(
-    gen: Generation, *, settings: ResponseSettings, request_id: str, created_at: int, persist: Persist
+    gen: Generation,
+    *,
+    settings: ResponseSettings,
+    request_id: str,
+    created_at: int,
+    persist: Persist,
+    tools: ToolParsing | None = None,
 ) -> AsyncGenerator[bytes, None]:
     sequence = 0
 
@@ -202,30 +214,27 @@ async def response_events(
         shell = _shell(settings, request_id=request_id, created_at=created_at, status=status)
         return {"response": shell.model_dump(mode="json")}
 
-    item_id = message_id(request_id)
-    where = {"item_id": item_id, "output_index": 0, "content_index": 0}
+    output = OutputBuilder(request_id)
+    parser = ToolCallParser(tools, new_id=lambda: new_call_id(CALL_ID_PREFIX)) if tools else None
     done = False
     try:
         yield emit("response.created", snapshot("in_progress"))
         yield emit("response.in_progress", snapshot("in_progress"))
-        item = _message(request_id, "", "in_progress").model_dump(mode="json")
-        item["content"] = []
-        yield emit("response.output_item.added", {"output_index": 0, "item": item})
-        yield emit("response.content_part.added", {**where, "part": OutputText(text="").model_dump(mode="json")})
+        for kind, body in output.open_message() if parser is None else []:
+            yield emit(kind, body)
         async for delta in gen.handle:
-            if delta.text:
-                yield emit("response.output_text.delta", {**where, "delta": delta.text, "logprobs": []})
+            for kind, body in output.feed(parser.feed(delta.text)) if parser else output.text(delta.text):
+                yield emit(kind, body)
         finished = await gen.finish(await gen.handle.result())
         done = True
         if finished.status == "error":
             for chunk in _failure(emit, snapshot, output_error(finished.output)):
                 yield chunk
             return
-        response = response_of(finished, settings=settings, request_id=request_id, created_at=created_at)
-        text = finished.output.text
-        yield emit("response.output_text.done", {**where, "text": text, "logprobs": []})
-        yield emit("response.content_part.done", {**where, "part": OutputText(text=text).model_dump(mode="json")})
-        yield emit("response.output_item.done", {"output_index": 0, "item": response.output[0].model_dump(mode="json")})
+        closing = output.feed(parser.close()) if parser else []
+        for kind, body in closing + output.finish(_status(finished)):
+            yield emit(kind, body)
+        response = _finished_response(finished, output, settings=settings, request_id=request_id, created_at=created_at)
         await persist(response)
         final = "response.incomplete" if response.status == "incomplete" else "response.completed"
         yield emit(final, {"response": response.model_dump(mode="json")})

@@ -16,9 +16,10 @@ from gateway.cache_regions import automatic_region
 from gateway.generation import Prepared, output_budget
 from gateway.protocols import openai, responses
 from gateway.protocols.responses import CanonicalItem, ResponseSettings, ResponsesRequest
+from gateway.protocols.responses_tools import check_calls, tool_defs
 from gateway.protocols.structured import json_schema_output, openai_structured
 from gateway.request_body import decode_body
-from gateway.services.completions import PrepareContext, check_model, sampling_params
+from gateway.services.completions import PrepareContext, check_model, sampling_params, with_tools
 from inference.types import StructuredOutput
 
 
@@ -43,7 +44,8 @@ def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
 def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem]) -> Prepared:
     model = check_model(ctx, model=request.model)
     ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
-    chat = responses.to_chat(request.instructions, context, tools=responses.tool_defs(request))
+    check_calls(context)
+    chat = responses.to_chat(request.instructions, context, tool_defs(request.tools), responses.choice_of(request))
     prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(
@@ -55,8 +57,11 @@ def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context:
     structured = structured_output(request)
     if structured is not None:
         sampling = replace(sampling, structured=structured)
+    sampling, tools = with_tools(chat, sampling)
+    if tools is not None and request.max_tool_calls is not None:
+        tools = replace(tools, max_calls=min(tools.max_calls or request.max_tool_calls, request.max_tool_calls))
     regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
-    return Prepared(model, prompt, sampling, regions, request.cache_salt)
+    return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
 
 def responses_job(

@@ -263,7 +263,7 @@ def test_instructions_are_not_carried_over(gateway: GatewayServer) -> None:
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({"tools": [{"type": "function", "name": "f", "parameters": {}}]}, "tools"),
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"input": [{"type": "input_image", "image_url": "x"}]}, "input.0.type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input.0.content.0"),
         ({"background": True}, "background"),
@@ -289,12 +289,6 @@ def test_bad_requests_are_400s_in_openais_shape(gateway: GatewayServer, body: di
     assert response.status_code in (400, 404), response.text
     error = response.json()["error"]
     assert error["param"] == param and error["type"] == "invalid_request_error" and error["message"]
-
-
-def test_tools_refusal_message(gateway: GatewayServer) -> None:
-    with pytest.raises(openai.BadRequestError) as refused:
-        create(gateway, gateway.new_key(), tools=[{"type": "function", "name": "f", "parameters": {}}])
-    assert "tools are not supported yet on /v1/responses" in refused.value.body["message"]
 
 
 def test_function_call_items_become_tool_parts() -> None:
@@ -323,18 +317,19 @@ def test_function_call_items_become_tool_parts() -> None:
 
 
 def test_function_tools_take_the_chat_form() -> None:
-    from gateway.protocols.responses import ResponsesRequest, tool_defs
+    from gateway.protocols.responses import ResponsesRequest
+    from gateway.protocols.responses_tools import tool_defs
 
     tool = {"type": "function", "name": "weather", "description": "Weather", "parameters": {"type": "object"}}
     request = ResponsesRequest.model_validate({"model": "m", "input": "x", "tools": [tool]})
-    [definition] = tool_defs(request)
+    [definition] = tool_defs(request.tools)
     assert definition.definition == {
         "type": "function",
         "function": {"name": "weather", "description": "Weather", "parameters": {"type": "object"}},
     }
     hosted = ResponsesRequest.model_validate({"model": "m", "input": "x", "tools": [{"type": "web_search"}]})
     with pytest.raises(Exception, match="tools of type 'web_search' are not supported"):
-        tool_defs(hosted)
+        tool_defs(hosted.tools)
 
 
 def test_text_format_json_schema_constrains_the_output(gateway: GatewayServer) -> None:

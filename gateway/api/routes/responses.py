@@ -86,14 +86,21 @@ async def create_response(request: Request, gw: GatewayDep, ctx: ContextDep) -> 
     persist = partial(_persist, gw, ctx, job)
     if job.stream:
         events = response_events(
-            gen, settings=job.settings, request_id=ctx.request_id, created_at=created_at, persist=persist
+            gen,
+            settings=job.settings,
+            request_id=ctx.request_id,
+            created_at=created_at,
+            persist=persist,
+            tools=prepared.tools,
         )
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
     try:
         finished, headers = await unless_disconnected(gen.complete_or_raise(), request.receive)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    response = response_of(finished, settings=job.settings, request_id=ctx.request_id, created_at=created_at)
+    response = response_of(
+        finished, settings=job.settings, request_id=ctx.request_id, created_at=created_at, tools=prepared.tools
+    )
     await persist(response)
     return json_response(response, headers=headers)
 
