@@ -19,7 +19,7 @@ ADMIN = "serve-test-admin"
 class Serve:
     """`kvgate serve` as a subprocess; its log goes to a file (a pipe nobody reads would block it)."""
 
-    def __init__(self, *, database_url: str, model_dir: Path, workdir: Path) -> None:
+    def __init__(self, *, database_url: str, model_dir: Path, workdir: Path, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / f"serve-{self.port}.log"
@@ -33,6 +33,7 @@ class Serve:
             "KVGATE_ADMIN_TOKEN": ADMIN,
             "KVGATE_SPOOL_PATH": str(workdir / "usage-spool.jsonl"),
             "KVGATE_INFLIGHT_JOURNAL_DIR": str(workdir / "inflight"),
+            **(env or {}),
         }
         kvgate = Path(sys.executable).with_name("kvgate")
         with self.log_path.open("ab") as log:
