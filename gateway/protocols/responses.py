@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict
+from gateway.protocols.openai_caching import PromptCacheOptions
 from gateway.protocols.responses_tools import shown_choice, shown_tools, tool_choice
 from gateway.tools.choice import ToolChoice
 from kvgate.errors import InvalidRequestError
@@ -134,7 +135,7 @@ class ResponsesRequest(Strict):
     previous_response_id: str | None = Field(None, min_length=1, max_length=64)
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = None
-    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_options: PromptCacheOptions | None = None
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
     )
@@ -171,8 +172,6 @@ def check_supported(request: ResponsesRequest) -> None:
         raise _refuse("conversation", "conversations are not supported; use previous_response_id")
     if request.prompt is not None:
         raise _refuse("prompt", "prompt templates are not supported")
-    if request.prompt_cache_options is not None:
-        raise _refuse("prompt_cache_options", "prompt_cache_options is not supported yet on /v1/responses")
     if request.truncation == "auto":
         raise _refuse("truncation", "only truncation 'disabled' is supported: a too-long input is a 400")
     if request.top_logprobs or "message.output_text.logprobs" in (request.include or ()):

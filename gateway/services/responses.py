@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gateway.cache_regions import automatic_region
 from gateway.generation import Prepared, output_budget
-from gateway.protocols import openai, responses
+from gateway.protocols import responses
+from gateway.protocols.openai_caching import CachePlan
 from gateway.protocols.responses import CanonicalItem, ResponseSettings, ResponsesRequest
 from gateway.protocols.responses_tools import check_calls, tool_defs
 from gateway.protocols.structured import json_schema_output, openai_structured
@@ -43,7 +43,7 @@ def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
 
 def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem]) -> Prepared:
     model = check_model(ctx, model=request.model)
-    ttl_s = openai.RETENTION_TTL_S[request.prompt_cache_retention or "in_memory"]
+    plan = CachePlan(options=request.prompt_cache_options, retention=request.prompt_cache_retention)
     check_calls(context)
     chat = responses.to_chat(request.instructions, context, tool_defs(request.tools), responses.choice_of(request))
     prompt = ctx.renderer.render(chat)
@@ -60,7 +60,9 @@ def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context:
     sampling, tools = with_tools(chat, sampling)
     if tools is not None and request.max_tool_calls is not None:
         tools = replace(tools, max_calls=min(tools.max_calls or request.max_tool_calls, request.max_tool_calls))
-    regions = automatic_region(len(prompt.token_ids), ttl_s=ttl_s, min_tokens=ctx.min_cacheable_tokens)
+    # Input parts carry no breakpoints here (prompt_cache_breakpoint is refused on /v1/responses), so the
+    # request-level controls decide: automatic caching with the options' TTL, or nothing in explicit mode.
+    regions = plan.regions([], prompt_tokens=len(prompt.token_ids), min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
 

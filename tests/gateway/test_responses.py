@@ -462,3 +462,33 @@ def test_input_items_are_listed_with_ids_and_paged(gateway: GatewayServer) -> No
         gateway.openai(gateway.new_key()).responses.input_items.list(first.id)
     with pytest.raises(openai.BadRequestError):
         client.responses.input_items.list(first.id, after="msg_nope")
+
+
+@pytest.mark.parametrize("ttl", ["30m", "12h"])
+def test_prompt_cache_options_set_the_ttl_of_automatic_caching(gateway: GatewayServer, ttl: str) -> None:
+    key = gateway.new_key()
+    options = {"mode": "implicit", "ttl": ttl}
+    first = create(gateway, key, instructions=INSTRUCTIONS, extra_body={"prompt_cache_options": options})
+    record = gateway.usage_record("req_" + first.id.removeprefix("resp_"))
+    assert record is not None
+    # The whole prompt is written in the asked class (its full blocks, except the one holding the last
+    # token, which the engine recomputes), and nothing in the others.
+    assert record[f"cache_write_{ttl}_tokens"] == (first.usage.input_tokens - 1) // 16 * 16 > 0
+    assert record["cache_write_5m_tokens"] == 0
+    again = create(gateway, key, instructions=INSTRUCTIONS, extra_body={"prompt_cache_options": options})
+    assert again.usage.input_tokens_details.cached_tokens == record[f"cache_write_{ttl}_tokens"]
+
+
+def test_explicit_mode_without_breakpoints_writes_nothing(gateway: GatewayServer) -> None:
+    key = gateway.new_key()
+    explicit = create(
+        gateway, key, instructions=INSTRUCTIONS, extra_body={"prompt_cache_options": {"mode": "explicit"}}
+    )
+    record = gateway.usage_record("req_" + explicit.id.removeprefix("resp_"))
+    assert record is not None and all(record[f"cache_write_{t}_tokens"] == 0 for t in ("5m", "30m", "1h", "12h", "24h"))
+    # Without options, the same request is cached automatically (5m, as before prompt_cache_options).
+    plain = create(gateway, key, instructions=INSTRUCTIONS)
+    assert gateway.usage_record("req_" + plain.id.removeprefix("resp_"))["cache_write_5m_tokens"] > 0  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as refused:
+        create(gateway, key, extra_body={"prompt_cache_options": {"ttl": "2h"}})
+    assert refused.value.body["param"].startswith("prompt_cache_options")
