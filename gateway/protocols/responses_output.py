@@ -40,7 +40,7 @@ class OutputMessage(BaseModel):
     content: list[OutputText]
 
 
-class FunctionCallItem(BaseModel):
+class OutputFunctionCall(BaseModel):
     id: str
     type: Literal["function_call"] = "function_call"
     call_id: str
@@ -49,7 +49,7 @@ class FunctionCallItem(BaseModel):
     status: ItemStatus = "completed"
 
 
-OutputItem = Annotated[OutputMessage | FunctionCallItem, Field(discriminator="type")]
+OutputItem = Annotated[OutputMessage | OutputFunctionCall, Field(discriminator="type")]
 
 
 def message_id(request_id: str, n: int = 0) -> str:
@@ -58,10 +58,10 @@ def message_id(request_id: str, n: int = 0) -> str:
     return base if n == 0 else f"{base}_{n}"
 
 
-def call_item(call: ParsedCall, status: ItemStatus = "completed") -> FunctionCallItem:
+def call_item(call: ParsedCall, status: ItemStatus = "completed") -> OutputFunctionCall:
     # The item id mirrors the call id (call_X -> fc_X), as unique as it is.
     item_id = "fc_" + call.id.removeprefix("call_")
-    return FunctionCallItem(id=item_id, call_id=call.id, name=call.name, arguments=call.arguments, status=status)
+    return OutputFunctionCall(id=item_id, call_id=call.id, name=call.name, arguments=call.arguments, status=status)
 
 
 class OutputBuilder:
@@ -69,7 +69,7 @@ class OutputBuilder:
 
     def __init__(self, request_id: str) -> None:
         self._request_id = request_id
-        self.items: list[OutputMessage | FunctionCallItem] = []
+        self.items: list[OutputMessage | OutputFunctionCall] = []
         self._text: str | None = None  # the open message's text; None when no message is open
         self._messages = 0
 
@@ -121,7 +121,7 @@ class OutputBuilder:
 
     @property
     def calls(self) -> int:
-        return sum(isinstance(item, FunctionCallItem) for item in self.items)
+        return sum(isinstance(item, OutputFunctionCall) for item in self.items)
 
     @property
     def _index(self) -> int:
