@@ -82,6 +82,7 @@ class GatewayBilling:
                 model=admission.model,
                 prompt_tokens=admission.prompt_tokens,
                 max_output_tokens=admission.max_output_tokens,
+                write_ttls_s=admission.write_ttls_s,
             )
         except BudgetUnavailableError as exc:
             raise DatabaseUnavailableError(

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
 from prometheus_client import Counter
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budgets, catalog, invoices, operations, spool_records
+from billing import budgets, catalog, invoices, spool_records
 from billing.budgets import BudgetExceededError, Reservation
+from billing.finalization import finalize_due
 from billing.ledger import UsageCharge
 from billing.outage_budgets import BudgetUnknownError, OutageBudgets
 from billing.periods import month_start
@@ -115,10 +115,20 @@ class BillingService:
         except NoPriceError:
             return False
 
-    def estimate_pico(self, *, model: str, prompt_tokens: int, max_output_tokens: int, at: datetime) -> int:
-        """Upper bound on a request's cost: every prompt token at the dearest write rate, all output."""
+    def estimate_pico(
+        self,
+        *,
+        model: str,
+        prompt_tokens: int,
+        max_output_tokens: int,
+        at: datetime,
+        write_ttls_s: Collection[int] | None = None,
+    ) -> int:
+        """Upper bound on a request's cost: every prompt token at the dearest rate it may be billed at
+        (input, or a write in one of `write_ttls_s`; None: any TTL class), and all output."""
         rates = self.price_for(model, at).rates
-        prompt_rates = (rates.input, *(getattr(rates, t.category.value) for t in TTL_CLASSES))
+        classes = [t for t in TTL_CLASSES if write_ttls_s is None or t.seconds in write_ttls_s]
+        prompt_rates = (rates.input, *(getattr(rates, t.category.value) for t in classes))
         dearest = max(rate for rate in prompt_rates if rate is not None)
         return max(0, prompt_tokens) * dearest + max(0, max_output_tokens) * rates.output
 
@@ -137,15 +147,22 @@ class BillingService:
         model: str,
         prompt_tokens: int,
         max_output_tokens: int,
+        write_ttls_s: Collection[int] | None = None,
     ) -> Reservation | None:
         """Reserve the worst case, or raise BudgetExceededError before the engine runs.
+
+        write_ttls_s: the TTLs of the cache regions the request may write (None: any class).
 
         While the database is away the reservation is held in memory against the budget's
         last-known state (billing.outage_budgets); BudgetUnavailableError if it cannot be.
         """
         now = self._clock()
         amount = self.estimate_pico(
-            model=model, prompt_tokens=prompt_tokens, max_output_tokens=max_output_tokens, at=now
+            model=model,
+            prompt_tokens=prompt_tokens,
+            max_output_tokens=max_output_tokens,
+            at=now,
+            write_ttls_s=write_ttls_s,
         )
         if self.health.should_try():
             try:
@@ -343,31 +360,7 @@ class BillingService:
 
     async def finalize_due_invoices(self, now: datetime | None = None) -> list[invoices.InvoiceView]:
         """Finalize every draft past its month plus the grace period, one transaction each."""
-        now = now or self._clock()
-        async with self.sessions() as session:
-            due = await invoices.due_for_finalization(
-                session=session, now=now, grace=timedelta(days=self.settings.invoice_grace_days)
-            )
-            await session.commit()
-        views = []
-        for invoice_id in due:
-            async with self.sessions() as session:
-                try:
-                    view = await invoices.finalize_invoice(
-                        session=session,
-                        invoice_id=invoice_id,
-                        number_prefix=self.settings.invoice_number_prefix,
-                        now=now,
-                        seller=self.settings.seller_profile(),
-                        payment_terms_days=self.settings.payment_terms_days,
-                    )
-                    await session.commit()
-                except (invoices.InvoiceStateError, sa_exc.IntegrityError):
-                    continue  # another process finalized it first
-            views.append(view)
-            log.info("billing.invoice_finalized", invoice_id=invoice_id, number=view.invoice.number)
-            await operations.auto_push(sessions=self.sessions, settings=self.settings, invoice_id=invoice_id)
-        return views
+        return await finalize_due(sessions=self.sessions, settings=self.settings, now=now or self._clock())
 
     async def run_upkeep(self, stop: asyncio.Event) -> None:
         """Background loop: replay the spool; now and then reload prices, release stale reservations

@@ -28,6 +28,9 @@ class Admission:
     endpoint: Endpoint
     prompt_tokens: int
     max_output_tokens: int
+    # The TTLs of the cache regions it may write (its prompt can only be billed at those write
+    # rates or below); None when unknown: any class.
+    write_ttls_s: tuple[int, ...] | None = None
 
 
 class BillingHooks(Protocol):

@@ -345,6 +345,7 @@ async def start_generation(
         endpoint=endpoint,
         prompt_tokens=prompt_tokens,
         max_output_tokens=sampling.max_tokens,
+        write_ttls_s=tuple(sorted({region.ttl_s for region in prepared.regions})),
     )
     try:
         await gw.billing.admit(admission)

@@ -103,19 +103,29 @@ class RequestWorkers:
                 try:
                     # submit() may start a worker process, and waits while the fork server is still
                     # importing: a thread's wait, not the event loop's.
-                    future = await asyncio.to_thread(pool.submit, _run_job, job, *args)
+                    try:
+                        future = await asyncio.to_thread(pool.submit, _run_job, job, *args)
+                    except BrokenProcessPool:
+                        # Broken before this job was taken (a worker died on an earlier one): this
+                        # job never ran, so it starts again on a fresh pool.
+                        self._discard(pool)
+                        pool = self._pool()
+                        future = await asyncio.to_thread(pool.submit, _run_job, job, *args)
                     return await asyncio.wrap_future(future)
                 except BrokenProcessPool as exc:
-                    # A worker died (killed for memory, say): the next job gets a fresh pool.
-                    if self._executor is pool:
-                        self._executor = None
-                        pool.shutdown(wait=False, cancel_futures=True)
+                    # A worker died on this job (killed for memory, say): the next job gets a fresh pool.
+                    self._discard(pool)
                     log.error("request_worker_died")
                     raise ApiError("a request worker failed while preparing this request") from exc
         finally:
             self._tenant_jobs[tenant_id] -= 1
             if not self._tenant_jobs[tenant_id]:
                 del self._tenant_jobs[tenant_id], self._tenant_locks[tenant_id]
+
+    def _discard(self, pool: ProcessPoolExecutor) -> None:
+        if self._executor is pool:
+            self._executor = None
+            pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
         """Stop the workers and the fork server at once, so none outlives the server holding its stdio.

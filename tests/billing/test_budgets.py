@@ -21,6 +21,8 @@ from kvgate.usage import TokenCounts
 from tests.billing.conftest import make_tenant
 
 NOW = datetime(2026, 3, 10, 12, tzinfo=UTC)
+# A request with regions of both of Anthropic's TTLs, as the tests' reservations assume.
+ANTHROPIC_TTLS = (300, 3600)
 MICRO = 10**6  # pico-dollars per micro-dollar
 
 
@@ -53,11 +55,19 @@ async def set_limit(sessions, tenant, micro_usd, *, prepaid=None):
 
 async def test_estimate_is_prompt_at_the_write_price_plus_max_output(sessions, pricebook, tmp_path):
     svc = service(sessions, pricebook, tmp_path)
-    # m-test: $3 in, so 1h write $6 is the dearest prompt rate (24h is 1.5x = $4.50); $15 out.
-    assert (
-        svc.estimate_pico(model="m-test", prompt_tokens=1000, max_output_tokens=100, at=NOW)
-        == (1000 * 6 + 100 * 15) * MICRO
-    )
+
+    def estimate(write_ttls_s: tuple[int, ...] | None) -> int:
+        return svc.estimate_pico(
+            model="m-test", prompt_tokens=1000, max_output_tokens=100, at=NOW, write_ttls_s=write_ttls_s
+        )
+
+    # m-test: $3 in, $15 out. A request with 5m and 1h regions can be billed at most the 1h write
+    # rate ($6); one with only a 5m region at $3.75; one writing nothing at the input rate.
+    assert estimate(ANTHROPIC_TTLS) == (1000 * 6 + 100 * 15) * MICRO
+    assert estimate((300,)) == (3_750 + 100 * 15) * MICRO
+    assert estimate(()) == (1000 * 3 + 100 * 15) * MICRO
+    # Unknown regions: the dearest class there is, the 12h write at 5x ($15).
+    assert estimate(None) == (1000 * 15 + 100 * 15) * MICRO
 
 
 async def test_refused_when_the_limit_cannot_cover_the_reservation(sessions, pricebook, tmp_path):
@@ -71,6 +81,7 @@ async def test_refused_when_the_limit_cannot_cover_the_reservation(sessions, pri
         model="m-test",
         prompt_tokens=1000,
         max_output_tokens=100,
+        write_ttls_s=ANTHROPIC_TTLS,
     )
     assert first is not None and first.amount_pico == 7_500 * MICRO
     with pytest.raises(BudgetExceededError, match="monthly spend limit") as refused:
@@ -81,6 +92,7 @@ async def test_refused_when_the_limit_cannot_cover_the_reservation(sessions, pri
             model="m-test",
             prompt_tokens=1000,
             max_output_tokens=100,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
     assert refused.value.reserved_pico == 7_500 * MICRO
     # Settling the first at its real cost frees the difference for the next request.
@@ -97,6 +109,7 @@ async def test_refused_when_the_limit_cannot_cover_the_reservation(sessions, pri
         model="m-test",
         prompt_tokens=100,
         max_output_tokens=10,
+        write_ttls_s=ANTHROPIC_TTLS,
     )
     assert smaller is not None
 
@@ -112,6 +125,7 @@ async def test_no_limit_means_no_reservation(sessions, pricebook, tmp_path):
             model="m-test",
             prompt_tokens=10**6,
             max_output_tokens=10**6,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
         is None
     )
@@ -135,6 +149,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
             model="m-test",
             prompt_tokens=1,
             max_output_tokens=1,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
     assert (
         await svc.admit(
@@ -144,6 +159,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
             model="m-test",
             prompt_tokens=1,
             max_output_tokens=1,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
         is None
     )
@@ -160,6 +176,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
             model="m-test",
             prompt_tokens=1,
             max_output_tokens=1,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
     async with sessions() as session:
         _, created = await budget_limits.grant_credit(
@@ -181,6 +198,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
             model="m-test",
             prompt_tokens=5,
             max_output_tokens=5,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
     assert (
         await svc.admit(
@@ -190,6 +208,7 @@ async def test_key_limit_and_prepaid_credit(sessions, pricebook, tmp_path):
             model="m-test",
             prompt_tokens=4,
             max_output_tokens=4,
+            write_ttls_s=ANTHROPIC_TTLS,
         )
         is not None
     )
@@ -231,6 +250,7 @@ async def test_fifty_concurrent_requests_never_overrun(db_url, pricebook, tmp_pa
                     model="m-test",
                     prompt_tokens=200,
                     max_output_tokens=50,
+                    write_ttls_s=ANTHROPIC_TTLS,
                 )
             except BudgetExceededError:
                 return None
@@ -286,6 +306,7 @@ async def test_fifty_concurrent_requests_all_admitted_give_fifty_entries(db_url,
                 model="m-test",
                 prompt_tokens=6 * i,
                 max_output_tokens=i + 1,
+                write_ttls_s=ANTHROPIC_TTLS,
             )
             return (await svc.settle(charge(tenant, key, rid, counts[i]))).cost_pico
 

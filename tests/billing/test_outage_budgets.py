@@ -84,6 +84,7 @@ def request(tenant: str, key: str, request_id: str) -> dict[str, Any]:
         "model": "m-test",
         "prompt_tokens": 1000,
         "max_output_tokens": 100,
+        "write_ttls_s": (300, 3600),  # regions of Anthropic's two TTLs: reserved at the 1h write rate
     }
 
 

@@ -227,3 +227,18 @@ def test_only_the_latest_explicit_breakpoints_are_written() -> None:
     assert explicit.regions([bp(50, "12h")], prompt_tokens=600, min_tokens=64) == ()
     long = CachePlan(options=PromptCacheOptions(ttl="12h"), retention="in_memory")
     assert long.regions([], prompt_tokens=600, min_tokens=64) == (CacheRegion(end=600, ttl_s=43200),)
+
+
+def test_admission_carries_the_ttls_the_request_may_write(gateway: GatewayServer, client: openai.OpenAI) -> None:
+    # Billing reserves each request at the dearest rate its prompt can be billed at: the write
+    # rates of its own regions' TTLs (billing.service.BillingService.estimate_pico), not every class.
+    def admitted_ttls(request_id: str) -> tuple[int, ...] | None:
+        (admission,) = [a for a in gateway.billing.admitted if a.request_id == request_id]
+        return admission.write_ttls_s
+
+    _, twelve_hours = ask(client, [system_part(mode="explicit", ttl="12h")], "A " + uuid.uuid4().hex)
+    assert admitted_ttls(twelve_hours) == (1800, 43200)  # the breakpoint's 12h, and the implicit 30m
+    _, explicit = ask(client, [system_part()], "B " + uuid.uuid4().hex, prompt_cache_options={"mode": "explicit"})
+    assert admitted_ttls(explicit) == ()  # writes nothing: reserved at the input rate
+    _, plain = ask(client, [system_part()], "C " + uuid.uuid4().hex)
+    assert admitted_ttls(plain) == (300,)  # automatic caching, as before prompt_cache_options

@@ -153,8 +153,11 @@ def test_smollm2_bf16_warm_equals_cold_over_20_random_prompts(smollm2):
     prompts = [random_prompt(rng, rng.randrange(20, 300)) for _ in range(20)]
     colds = [checked(engine.generate(prompt, GREEDY_32)).token_ids for prompt in prompts]
     # Warm: each reads its cached prefix and still gives its own cold output. Where batches are
-    # exact (the CPU kernel), all 20 go in one batch: one decode loop rather than 20.
-    exact_batches = engine.runner.cpu_kernel is not None
+    # exact (the CPU kernel in float32), all 20 go in one batch: one decode loop rather than 20.
+    # In bf16 on an avx512_bf16 CPU a request batched with others can decode differently from the
+    # same request alone (seen from two requests on; docs/architecture.md, "Why a warm run equals a
+    # cold one"), so there each warm request runs alone, like its cold run.
+    exact_batches = engine.runner.cpu_kernel is not None and smollm2.dtype == torch.float32
     warm = run_batched(engine, prompts) if exact_batches else [checked(engine.generate(p, GREEDY_32)) for p in prompts]
     assert [o.usage.cached_tokens for o in warm] == [(len(prompt) - 1) // 16 * 16 for prompt in prompts]
     assert [o.token_ids for o in warm] == colds

@@ -93,7 +93,8 @@ def test_usage_chart_has_a_point_per_day_or_per_hour(acme_page: Any, acme: Seede
     for query, points in expected.items():
         acme_page.goto(f"{base}/usage?{query}")
         drawn = chart(acme_page, "#usage-chart")
-        assert drawn == {"points": points, "uplotPoints": points, "series": 6, "rows": points, "canvas": 1}, query
+        # One series per billing category: input, the five write classes (5m, 30m, 1h, 12h, 24h), read, output.
+        assert drawn == {"points": points, "uplotPoints": points, "series": 8, "rows": points, "canvas": 1}, query
     # The live requests of today are on today's chart.
     acme_page.goto(f"{base}/usage?preset=today")
     today_total = acme_page.inner_text("#total-requests")
