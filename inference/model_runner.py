@@ -97,8 +97,13 @@ class ModelRunner:
 
 
 def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
-    weight = getattr(model.lm_head, "weight", None)
-    return weight.detach() if isinstance(weight, torch.Tensor) else None
+    # Kept on the model: packing replaces lm_head by a PackedLinear without a weight, so a second
+    # runner over the same loaded model (tests build several) would otherwise find none and skip
+    # the rescoring, and give other greedy picks than the first.
+    if not hasattr(model, "kvgate_lm_weight"):
+        weight = getattr(model.lm_head, "weight", None)
+        model.kvgate_lm_weight = weight.detach() if isinstance(weight, torch.Tensor) else None
+    return model.kvgate_lm_weight
 
 
 def _row_layout(chunks: Sequence[Chunk], positions: list[int]) -> RowLayout:

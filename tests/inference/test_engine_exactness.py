@@ -153,11 +153,8 @@ def test_smollm2_bf16_warm_equals_cold_over_20_random_prompts(smollm2):
     prompts = [random_prompt(rng, rng.randrange(20, 300)) for _ in range(20)]
     colds = [checked(engine.generate(prompt, GREEDY_32)).token_ids for prompt in prompts]
     # Warm: each reads its cached prefix and still gives its own cold output. Where batches are
-    # exact (the CPU kernel in float32), all 20 go in one batch: one decode loop rather than 20.
-    # In bf16 on an avx512_bf16 CPU a request batched with others can decode differently from the
-    # same request alone (seen from two requests on; docs/architecture.md, "Why a warm run equals a
-    # cold one"), so there each warm request runs alone, like its cold run.
-    exact_batches = engine.runner.cpu_kernel is not None and smollm2.dtype == torch.float32
+    # exact (the CPU kernel), all 20 go in one batch: one decode loop rather than 20.
+    exact_batches = engine.runner.cpu_kernel is not None
     warm = run_batched(engine, prompts) if exact_batches else [checked(engine.generate(p, GREEDY_32)) for p in prompts]
     assert [o.usage.cached_tokens for o in warm] == [(len(prompt) - 1) // 16 * 16 for prompt in prompts]
     assert [o.token_ids for o in warm] == colds
@@ -166,6 +163,16 @@ def test_smollm2_bf16_warm_equals_cold_over_20_random_prompts(smollm2):
     assert all(o.usage.cached_tokens == 0 for o in batched)
     if exact_batches:
         assert [o.token_ids for o in batched] == colds
+
+
+@pytest.mark.smollm2
+def test_every_engine_over_one_loaded_model_rescores_the_top_logits(smollm2):
+    # The first engine packs the model's linears, the LM head included; a later one must still find
+    # the head's weight for the float32 rescoring, or its greedy picks differ from the first's
+    # (found in bf16: a fresh engine's batch disagreed with the first engine's cold runs).
+    first, second = smollm2_engine(smollm2), smollm2_engine(smollm2)
+    assert first.runner.lm_weight is not None
+    assert second.runner.lm_weight is first.runner.lm_weight
 
 
 def run_batched(engine, prompts):
