@@ -7,6 +7,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kvgate.errors import InvalidRequestError
+
 # Bounds on the numbers both APIs take, so that no value can reach the engine that it cannot
 # hold: out of range is a 400 naming the field, as at the providers.
 INT32_MAX = 2**31 - 1
@@ -19,6 +21,18 @@ MAX_OUTPUT_TOKENS = 1_000_000
 Seed = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 MaxOutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
 TopK = Annotated[int, Field(ge=0, le=INT32_MAX)]
+
+
+def refuse(param: str, message: str) -> InvalidRequestError:
+    """A 400 naming the field, as both providers word them."""
+    return InvalidRequestError(f"{param}: {message}", param=param)
+
+
+def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:
+    """`stop` as OpenAI takes it (a string, a list, or nothing), as a tuple."""
+    if stop is None:
+        return ()
+    return (stop,) if isinstance(stop, str) else tuple(stop)
 
 
 class Strict(BaseModel):

@@ -16,11 +16,10 @@ from pydantic import BaseModel, Field
 from gateway.api.errors import openai_body
 from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
-from gateway.protocols.common import INT32_MAX, MaxOutputTokens, Seed, Strict
+from gateway.protocols.common import INT32_MAX, MaxOutputTokens, Seed, Strict, refuse, stop_tuple
 from gateway.protocols.openai import CompletionUsage, FinishReason, StreamOptions, finish_reason
 from gateway.protocols.openai_stream import usage_of
 from gateway.sse import event
-from kvgate.errors import InvalidRequestError
 
 log = structlog.get_logger("kvgate.gateway")
 
@@ -55,30 +54,24 @@ class CompletionRequest(Strict):
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-
-def _refuse(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{param}: {message}", param=param)
+        return stop_tuple(self.stop)
 
 
 def check_supported(request: CompletionRequest) -> None:
     if (request.n or 1) != 1 or (request.best_of or 1) != 1:
-        raise _refuse("n", "only n=1 (and best_of=1) is supported")
+        raise refuse("n", "only n=1 (and best_of=1) is supported")
     if request.echo:
-        raise _refuse("echo", "echo is not supported")
+        raise refuse("echo", "echo is not supported")
     if request.logprobs is not None:
-        raise _refuse("logprobs", "logprobs are not supported")
+        raise refuse("logprobs", "logprobs are not supported")
     if request.suffix:
-        raise _refuse("suffix", "suffix (insertion) is not supported")
+        raise refuse("suffix", "suffix (insertion) is not supported")
     if request.frequency_penalty or request.presence_penalty:
-        raise _refuse("frequency_penalty", "frequency and presence penalties are not supported")
+        raise refuse("frequency_penalty", "frequency and presence penalties are not supported")
     if request.logit_bias:
-        raise _refuse("logit_bias", "logit_bias is not supported")
+        raise refuse("logit_bias", "logit_bias is not supported")
     if len(request.stop_sequences) > 4:
-        raise _refuse("stop", "at most 4 stop sequences may be given")
+        raise refuse("stop", "at most 4 stop sequences may be given")
 
 
 def prompt_of(request: CompletionRequest) -> str | list[int]:
@@ -87,11 +80,11 @@ def prompt_of(request: CompletionRequest) -> str | list[int]:
     if isinstance(prompt, str):
         return prompt
     if not prompt:
-        raise _refuse("prompt", "the prompt is empty")
+        raise refuse("prompt", "the prompt is empty")
     if all(isinstance(p, int) for p in prompt):
         return list(prompt)  # type: ignore[arg-type]
     if len(prompt) != 1:
-        raise _refuse("prompt", "only one prompt per request is supported")
+        raise refuse("prompt", "only one prompt per request is supported")
     return prompt[0]  # type: ignore[return-value]
 
 

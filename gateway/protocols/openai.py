@@ -9,12 +9,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import BLOCK_SEPARATOR, Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
-from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, type_tag
+from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, refuse, stop_tuple, type_tag
 from gateway.protocols.openai_caching import RETENTION_TTL_S as RETENTION_TTL_S  # where it used to live
 from gateway.protocols.openai_caching import PromptCacheBreakpoint, PromptCacheOptions, breakpoint_ttl_s
 from gateway.tools.choice import ToolChoice
 from gateway.tools.history import check_pairing
-from kvgate.errors import InvalidRequestError
 
 
 class TextPartParam(Strict):
@@ -100,26 +99,20 @@ class ChatCompletionRequest(Strict):
 
     @property
     def stop_sequences(self) -> tuple[str, ...]:
-        if self.stop is None:
-            return ()
-        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-
-
-def _refuse(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{param}: {message}", param=param)
+        return stop_tuple(self.stop)
 
 
 def check_supported(request: ChatCompletionRequest) -> None:
     if (request.n or 1) != 1:
-        raise _refuse("n", "only n=1 is supported")
+        raise refuse("n", "only n=1 is supported")
     if request.frequency_penalty or request.presence_penalty:
-        raise _refuse("frequency_penalty", "frequency and presence penalties are not supported")
+        raise refuse("frequency_penalty", "frequency and presence penalties are not supported")
     if request.logprobs or request.top_logprobs:
-        raise _refuse("logprobs", "logprobs are not supported")
+        raise refuse("logprobs", "logprobs are not supported")
     if request.logit_bias:
-        raise _refuse("logit_bias", "logit_bias is not supported")
+        raise refuse("logit_bias", "logit_bias is not supported")
     if len(request.stop_sequences) > 4:
-        raise _refuse("stop", "at most 4 stop sequences may be given")
+        raise refuse("stop", "at most 4 stop sequences may be given")
 
 
 def _content_parts(message: ChatMessageParam, index: int, options: PromptCacheOptions | None) -> tuple[TextPart, ...]:
@@ -132,7 +125,7 @@ def _content_parts(message: ChatMessageParam, index: int, options: PromptCacheOp
     parts = []
     for j, part in enumerate(message.content):
         if isinstance(part, OtherType):
-            raise _refuse(f"messages.{index}.content.{j}", f"content parts of type {part.type!r} are not supported yet")
+            raise refuse(f"messages.{index}.content.{j}", f"content parts of type {part.type!r} are not supported yet")
         parts.append(TextPart(part.text, breakpoint_ttl_s(part.prompt_cache_breakpoint, options)))
     return tuple(parts) or (TextPart(""),)
 
@@ -147,15 +140,15 @@ def to_chat(request: ChatCompletionRequest) -> Chat:
 
 def _message(message: ChatMessageParam, i: int, options: PromptCacheOptions | None) -> ChatMessage:
     if message.role == "function":
-        raise _refuse(
+        raise refuse(
             f"messages.{i}.role", "function messages (the deprecated function-calling API) are not supported; use tools"
         )
     if message.tool_calls is not None and message.role != "assistant":
-        raise _refuse(f"messages.{i}.tool_calls", "only assistant messages can have tool_calls")
+        raise refuse(f"messages.{i}.tool_calls", "only assistant messages can have tool_calls")
     parts = _content_parts(message, i, options)
     if message.role == "tool":
         if not message.tool_call_id:
-            raise _refuse(f"messages.{i}.tool_call_id", "tool messages need the tool_call_id they answer")
+            raise refuse(f"messages.{i}.tool_call_id", "tool messages need the tool_call_id they answer")
         text = BLOCK_SEPARATOR.join(part.text for part in parts)
         ttl_s = next((part.ttl_s for part in reversed(parts) if part.ttl_s), None)
         return ChatMessage("tool", (ToolResultPart(message.tool_call_id, text, ttl_s=ttl_s),))
@@ -171,14 +164,14 @@ def _tool_call(call: dict[str, Any], where: str) -> ToolCallPart:
     function = call.get("function")
     call_id, name = call.get("id"), function.get("name") if isinstance(function, dict) else None
     if call.get("type", "function") != "function" or not isinstance(call_id, str) or not isinstance(name, str):
-        raise _refuse(where, "a tool call needs an id, type 'function' and function.name")
+        raise refuse(where, "a tool call needs an id, type 'function' and function.name")
     arguments = function.get("arguments", "{}")
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) else None
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise _refuse(f"{where}.function.arguments", "must be a JSON object, as a string")
+        raise refuse(f"{where}.function.arguments", "must be a JSON object, as a string")
     return ToolCallPart(call_id, name, json.dumps(parsed, ensure_ascii=False))
 
 
@@ -189,18 +182,18 @@ def tool_choice(request: ChatCompletionRequest) -> ToolChoice:
     if raw is None:
         return ToolChoice("auto", None, parallel)
     if not names:
-        raise _refuse("tool_choice", "'tool_choice' is only allowed when 'tools' are specified")
+        raise refuse("tool_choice", "'tool_choice' is only allowed when 'tools' are specified")
     if raw in ("none", "auto", "required"):
         return ToolChoice({"required": "any"}.get(raw, raw), None, parallel)  # type: ignore[arg-type]
     function = raw.get("function") if isinstance(raw, dict) and raw.get("type") == "function" else None
     name = function.get("name") if isinstance(function, dict) else None
     if not isinstance(name, str):
-        raise _refuse(
+        raise refuse(
             "tool_choice",
             "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
         )
     if name not in names:
-        raise _refuse("tool_choice", f"no function named {name!r} in tools")
+        raise refuse("tool_choice", f"no function named {name!r} in tools")
     return ToolChoice("tool", name, parallel)
 
 

@@ -15,11 +15,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
-from gateway.protocols.common import MaxOutputTokens, OtherType, Strict
+from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, refuse
 from gateway.protocols.openai_caching import PromptCacheOptions
 from gateway.protocols.responses_tools import shown_choice, shown_tools, tool_choice
 from gateway.tools.choice import ToolChoice
-from kvgate.errors import InvalidRequestError
 
 CanonicalItem = dict[str, Any]
 
@@ -160,31 +159,27 @@ class ResponsesRequest(Strict):
         return self.store is not False  # OpenAI stores responses unless told not to
 
 
-def _refuse(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{param}: {message}", param=param)
-
-
 def check_supported(request: ResponsesRequest) -> None:
     """Refuse, clearly, what kvgate does not do on /v1/responses (docs/gateway.md lists each)."""
     if request.background:
-        raise _refuse("background", "background responses are not supported")
+        raise refuse("background", "background responses are not supported")
     if request.conversation is not None:
-        raise _refuse("conversation", "conversations are not supported; use previous_response_id")
+        raise refuse("conversation", "conversations are not supported; use previous_response_id")
     if request.prompt is not None:
-        raise _refuse("prompt", "prompt templates are not supported")
+        raise refuse("prompt", "prompt templates are not supported")
     if request.truncation == "auto":
-        raise _refuse("truncation", "only truncation 'disabled' is supported: a too-long input is a 400")
+        raise refuse("truncation", "only truncation 'disabled' is supported: a too-long input is a 400")
     if request.top_logprobs or "message.output_text.logprobs" in (request.include or ()):
-        raise _refuse("top_logprobs", "logprobs are not supported")
+        raise refuse("top_logprobs", "logprobs are not supported")
     if request.reasoning and any(v is not None for v in request.reasoning.values()):
-        raise _refuse("reasoning", "this model does not reason; reasoning options are not supported")
+        raise refuse("reasoning", "this model does not reason; reasoning options are not supported")
     # Without new input a continuation would end on the earlier assistant turn, which the chat
     # path treats as a prefill to continue: refused instead of silently extending that answer.
     if not request.input:
-        raise _refuse("input", "input is required and must not be empty")
+        raise refuse("input", "input is required and must not be empty")
     fmt = request.text.format if request.text else None
     if fmt is not None and fmt.type == "json_schema" and (fmt.name is None or fmt.schema_ is None):
-        raise _refuse("text.format", "a json_schema format needs a name and a schema")
+        raise refuse("text.format", "a json_schema format needs a name and a schema")
 
 
 @dataclass(frozen=True)
@@ -251,12 +246,12 @@ def _parts_text(parts: str | list[Any], where: str) -> str:
     texts = []
     for j, part in enumerate(parts):
         if isinstance(part, OtherType):
-            raise _refuse(f"{where}.{j}", f"content parts of type {part.type!r} are not supported yet")
+            raise refuse(f"{where}.{j}", f"content parts of type {part.type!r} are not supported yet")
         if isinstance(part, RefusalPart):
             texts.append(part.refusal)
             continue
         if part.prompt_cache_breakpoint is not None:
-            raise _refuse(f"{where}.{j}.prompt_cache_breakpoint", "not supported yet on /v1/responses")
+            raise refuse(f"{where}.{j}.prompt_cache_breakpoint", "not supported yet on /v1/responses")
         texts.append(part.text)
     return "\n\n".join(texts)
 
@@ -276,7 +271,7 @@ def canonical_input(request: ResponsesRequest) -> list[CanonicalItem]:
     for i, item in enumerate(request.input):
         where = f"input.{i}"
         if isinstance(item, OtherType):
-            raise _refuse(f"{where}.type", f"input items of type {item.type!r} are not supported")
+            raise refuse(f"{where}.type", f"input items of type {item.type!r} are not supported")
         if isinstance(item, MessageItem):
             items.append(message_item(item.role, _parts_text(item.content, f"{where}.content")))
         elif isinstance(item, FunctionCallItem):
@@ -296,7 +291,7 @@ def _check_arguments(arguments: str, where: str) -> None:
     except ValueError:
         parsed = None
     if not isinstance(parsed, dict):
-        raise _refuse(where, "must be a JSON object, as a string")
+        raise refuse(where, "must be a JSON object, as a string")
 
 
 def _item_text(item: CanonicalItem) -> str:
@@ -331,7 +326,7 @@ def to_chat(
         else:
             messages.append(ChatMessage("tool", (ToolResultPart(item["call_id"], item["output"]),)))
     if not messages:
-        raise _refuse("input", "the conversation is empty")
+        raise refuse("input", "the conversation is empty")
     return Chat(messages=tuple(messages), tools=tools, tool_choice=choice or ToolChoice())
 
 

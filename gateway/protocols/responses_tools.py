@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError
 
 from gateway.prompt import ToolDef
-from gateway.protocols.common import Strict
+from gateway.protocols.common import Strict, refuse
 from gateway.tools.choice import ToolChoice
 from kvgate.errors import InvalidRequestError
 
@@ -29,19 +29,15 @@ class FunctionToolParam(Strict):
     strict: bool | None = None
 
 
-def _refuse(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{param}: {message}", param=param)
-
-
 def _function_tool(tool: dict[str, Any], i: int) -> FunctionToolParam:
     if tool.get("type") != "function":
         shown = tool.get("type") if isinstance(tool.get("type"), str) else None
-        raise _refuse(f"tools.{i}.type", f"tools of type {shown!r} are not supported; only function tools")
+        raise refuse(f"tools.{i}.type", f"tools of type {shown!r} are not supported; only function tools")
     try:
         return FunctionToolParam.model_validate(tool)
     except ValidationError as error:
         first = error.errors(include_url=False)[0]
-        raise _refuse(".".join(map(str, (f"tools.{i}", *first["loc"]))), first["msg"]) from None
+        raise refuse(".".join(map(str, (f"tools.{i}", *first["loc"]))), first["msg"]) from None
 
 
 def function_tools(tools: Sequence[dict[str, Any]] | None) -> list[FunctionToolParam]:
@@ -52,7 +48,7 @@ def function_tools(tools: Sequence[dict[str, Any]] | None) -> list[FunctionToolP
     for i, raw in enumerate(tools or ()):
         tool = _function_tool(raw, i)
         if any(f.name == tool.name for f in functions):
-            raise _refuse(f"tools.{i}.name", f"the function name {tool.name!r} is used by more than one tool")
+            raise refuse(f"tools.{i}.name", f"the function name {tool.name!r} is used by more than one tool")
         functions.append(tool)
     return functions
 
@@ -93,19 +89,19 @@ def tool_choice(raw: Any, tools: Sequence[dict[str, Any]] | None, *, parallel: b
         return ToolChoice("none", None, allowed)
     if raw == "required":
         if not names:
-            raise _refuse("tool_choice", "'required' needs at least one function in tools")
+            raise refuse("tool_choice", "'required' needs at least one function in tools")
         return ToolChoice("any", None, allowed)
     if not isinstance(raw, dict):
-        raise _refuse("tool_choice", _CHOICE_FORMS)
+        raise refuse("tool_choice", _CHOICE_FORMS)
     kind = raw.get("type")
     if kind != "function":
         shown = kind if isinstance(kind, str) else None
-        raise _refuse("tool_choice", f"a tool_choice of type {shown!r} is not supported; it {_CHOICE_FORMS}")
+        raise refuse("tool_choice", f"a tool_choice of type {shown!r} is not supported; it {_CHOICE_FORMS}")
     name = raw.get("name")
     if not isinstance(name, str) or set(raw) - {"type", "name"}:
-        raise _refuse("tool_choice", _CHOICE_FORMS)
+        raise refuse("tool_choice", _CHOICE_FORMS)
     if name not in names:
-        raise _refuse("tool_choice", f"no function named {name!r} in tools")
+        raise refuse("tool_choice", f"no function named {name!r} in tools")
     return ToolChoice("tool", name, allowed)
 
 
@@ -125,7 +121,7 @@ def check_calls(items: Sequence[CanonicalItem]) -> None:
         call_id = item.get("call_id")
         if item["type"] == "function_call":
             if call_id in calls:
-                raise _refuse("input", f"Duplicate function call id {call_id!r}.")
+                raise refuse("input", f"Duplicate function call id {call_id!r}.")
             calls.append(call_id)
         elif item["type"] == "function_call_output":
             if call_id not in calls or call_id in answered:

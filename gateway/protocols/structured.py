@@ -12,10 +12,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gateway.protocols.common import refuse
 from inference.grammar import check_structured
 from inference.types import InvalidRequestError as EngineInvalidRequest
 from inference.types import StructuredOutput
-from kvgate.errors import InvalidRequestError
 
 
 class _Strict(BaseModel):
@@ -41,10 +41,6 @@ class AnthropicOutputFormat(_Strict):
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-def _refuse(param: str, message: str) -> InvalidRequestError:
-    return InvalidRequestError(f"{param}: {message}", param=param)
-
-
 def _first_error(exc: ValidationError) -> str:
     error = exc.errors()[0]
     where = ".".join(str(part) for part in error["loc"])
@@ -55,7 +51,7 @@ def _checked(spec: StructuredOutput, param: str) -> StructuredOutput:
     try:
         check_structured(spec)
     except EngineInvalidRequest as exc:
-        raise _refuse(param, str(exc)) from exc
+        raise refuse(param, str(exc)) from exc
     return spec
 
 
@@ -79,13 +75,13 @@ def openai_structured(
     try:
         parsed = OpenAIResponseFormat.model_validate(response_format)
     except ValidationError as exc:
-        raise _refuse(param, _first_error(exc)) from exc
+        raise refuse(param, _first_error(exc)) from exc
     if parsed.type == "text":
         return None
     if parsed.type == "json_object":
         return _checked(StructuredOutput("json_object"), param)
     if parsed.json_schema is None:
-        raise _refuse(param, "json_schema is required when type is 'json_schema'")
+        raise refuse(param, "json_schema is required when type is 'json_schema'")
     return json_schema_output(parsed.json_schema.schema_, strict=bool(parsed.json_schema.strict), param=param)
 
 
@@ -98,5 +94,5 @@ def anthropic_structured(output_config: dict[str, Any] | None) -> StructuredOutp
     try:
         parsed = AnthropicOutputFormat.model_validate(fmt)
     except ValidationError as exc:
-        raise _refuse(param, _first_error(exc)) from exc
+        raise refuse(param, _first_error(exc)) from exc
     return json_schema_output(parsed.schema_, strict=True, param=param)
