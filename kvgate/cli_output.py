@@ -139,7 +139,11 @@ def emit_one(
         table.add_column("value")
         for spec in specs:
             value = spec.get(row)
-            text = _money(value, MONEY_MIN_DECIMALS) if spec.is_money() and _decimal(value) is not None else cell(value)
+            text = (
+                _money(value, _money_decimals([value]))
+                if spec.is_money() and _decimal(value) is not None
+                else cell(value)
+            )
             table.add_row(Text(spec.title), Text(text))
         show(table)
 
