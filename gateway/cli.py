@@ -80,14 +80,25 @@ def tenants_app() -> typer.Typer:
 
     @tenants.command("list")
     def list_(output: OutputOption = OutputFormat.table) -> None:
-        """List tenants."""
+        """List tenants (the table also names each tenant's active keys)."""
+        from sqlalchemy import select
+
         from gateway.services.tenants import list_tenants
+        from kvgate.tenancy import ApiKey
 
-        async def action(sessions: Sessions) -> list[TenantOut]:
+        async def action(sessions: Sessions) -> tuple[list[TenantOut], dict[str, list[str]]]:
             async with sessions() as session:
-                return [TenantOut.model_validate(t) for t in await list_tenants(session)]
+                tenants = [TenantOut.model_validate(t) for t in await list_tenants(session)]
+                active = select(ApiKey.tenant_id, ApiKey.name).where(ApiKey.revoked_at.is_(None))
+                names: dict[str, list[str]] = {}
+                for tenant_id, name in (await session.execute(active.order_by(ApiKey.created_at))).all():
+                    names.setdefault(tenant_id, []).append(name)
+                return tenants, names
 
-        emit(run_on_database(action, write=False), fmt=output, columns=TENANT_COLUMNS, model=TenantOut)
+        tenants, key_names = run_on_database(action, write=False)
+        # JSON and CSV stay the admin API's TenantOut; the key names are the table's own column.
+        columns = [*TENANT_COLUMNS, Column("keys", value=lambda tenant: key_names.get(tenant.id, []))]
+        emit(tenants, fmt=output, columns=columns, model=TenantOut)
 
     for verb, suspended in (("suspend", True), ("activate", False)):
         tenants.command(verb, help=f"{verb.capitalize()} a tenant.")(_set_status(suspended))

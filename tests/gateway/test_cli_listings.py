@@ -22,26 +22,35 @@ def kvgate(*argv: str) -> Result:
     return result
 
 
+def created(kind: str, result: Result) -> str:
+    found = re.search(rf"created {kind} ({kind[:3]}_\w+)", result.stdout)
+    assert found, result.stdout
+    return found.group(1)
+
+
 def test_listings_match_the_admin_api(gateway: GatewayServer, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_DATABASE_URL", gateway.database_url)
-    tenant_id = re.search(r"created tenant (ten_\w+)", kvgate("tenants", "create", "Listing Co").stdout).group(1)  # type: ignore[union-attr]
+    tenant_id = created("tenant", kvgate("tenants", "create", "Listing Co"))
     kvgate("keys", "create", tenant_id, "--name", "laptop", "--requests-per-minute", "60")
     kvgate("keys", "create", tenant_id, "--name", "ci-runner", "--scope", "usage:read")
-    revoked_id = re.search(r"created key (key_\w+)", kvgate("keys", "create", tenant_id, "--name", "old").stdout).group(
-        1
-    )  # type: ignore[union-attr]
+    revoked_id = created("key", kvgate("keys", "create", tenant_id, "--name", "old"))
     kvgate("keys", "revoke", revoked_id)
+
+    # Every CLI call before the first API call: this process also runs the gateway, whose request logs
+    # go to the same stdout the runner captures.
+    tenants_json = json.loads(kvgate("tenants", "list", "-o", "json").stdout)
+    keys_json = json.loads(kvgate("keys", "list", tenant_id, "--output", "json").stdout)
+    tenants_csv = list(csv.DictReader(io.StringIO(kvgate("tenants", "list", "-o", "csv").stdout)))
+    keys_csv = list(csv.DictReader(io.StringIO(kvgate("keys", "list", tenant_id, "-o", "csv").stdout)))
+    tenants_table = kvgate("tenants", "list").stdout.splitlines()
+    keys_table = kvgate("keys", "list", tenant_id).stdout.splitlines()
 
     api_tenants = gateway.admin.get("/admin/v1/tenants").json()["data"]
     api_keys = gateway.admin.get(f"/admin/v1/tenants/{tenant_id}/keys").json()["data"]
-    assert json.loads(kvgate("tenants", "list", "-o", "json").stdout) == api_tenants
-    assert json.loads(kvgate("keys", "list", tenant_id, "--output", "json").stdout) == api_keys
+    assert tenants_json == api_tenants and keys_json == api_keys
     assert [key["name"] for key in api_keys] == ["laptop", "ci-runner", "old"]
-
-    tenants_csv = list(csv.DictReader(io.StringIO(kvgate("tenants", "list", "-o", "csv").stdout)))
     assert list(tenants_csv[0]) == list(TenantOut.model_fields) == list(api_tenants[0])
     assert [row["id"] for row in tenants_csv] == [t["id"] for t in api_tenants]
-    keys_csv = list(csv.DictReader(io.StringIO(kvgate("keys", "list", tenant_id, "-o", "csv").stdout)))
     assert list(keys_csv[0]) == list(KeyOut.model_fields) == list(api_keys[0])
     assert [(row["name"], row["scopes"], row["requests_per_minute"]) for row in keys_csv] == [
         ("laptop", "inference", "60"),
@@ -49,11 +58,10 @@ def test_listings_match_the_admin_api(gateway: GatewayServer, monkeypatch: pytes
         ("old", "inference", ""),
     ]
 
-    tenants_table = kvgate("tenants", "list").stdout.splitlines()
-    assert tenants_table[0].split() == ["id", "name", "status", "created_at"]
-    assert any(line.startswith(tenant_id) and "Listing Co" in line and "active" in line for line in tenants_table)
+    assert tenants_table[0].split() == ["id", "name", "status", "created_at", "keys"]
+    (row,) = [line for line in tenants_table if line.startswith(tenant_id)]
+    assert "Listing Co" in row and " active " in row and row.endswith("laptop ci-runner")  # not the revoked one
 
-    keys_table = kvgate("keys", "list", tenant_id).stdout.splitlines()
     assert keys_table[0].split()[:5] == ["id", "name", "prefix", "state", "scopes"]
     rows = {line.split()[1]: line for line in keys_table[2:]}
     assert set(rows) == {"laptop", "ci-runner", "old"}
