@@ -26,14 +26,13 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from billing import cli as billing_cli
 from gateway import cli as gateway_cli
 from inference import cli as inference_cli
-from kvgate.app import create_app
 from kvgate.cli_argparse import add_argparse_commands
 from kvgate.cli_database import set_verbose
 from kvgate.cli_errors import UserErrorGroup
@@ -67,6 +66,13 @@ def _root(
     set_verbose(verbose)
 
 
+def _create_app(settings: Any, **options: Any) -> Any:
+    """kvgate.app.create_app, imported when `kvgate serve` runs: `kvgate --help` does not pay for it."""
+    from kvgate.app import create_app
+
+    return create_app(settings, **options)
+
+
 def build_app() -> typer.Typer:
     """The `kvgate` command with every package's commands."""
     app = typer.Typer(
@@ -79,7 +85,7 @@ def build_app() -> typer.Typer:
     )
     app.callback()(_root)
     inference_cli.register(app)
-    gateway_cli.register(app, app_factory=create_app, banners=(web_cli.serve_banner,))
+    gateway_cli.register(app, app_factory=_create_app, banners=(web_cli.serve_banner,))
     # billing/cli is still argparse; its move to typer replaces this bridge with billing_cli.register(app).
     add_argparse_commands(app, billing_cli.register)
     web_cli.register(app)
