@@ -15,7 +15,7 @@ import typer
 
 from gateway.protocols.admin import KeyOut, TenantOut
 from gateway.serve import AppFactory, Banner
-from kvgate.cli_database import Sessions, run_on_database
+from kvgate.cli_database import Sessions, announce_database, run_on_database
 from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
 from kvgate.db import utcnow
 from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE
@@ -53,7 +53,9 @@ def register(app: typer.Typer, *, app_factory: AppFactory, banners: Sequence[Ban
     ) -> None:
         """Run the gateway with the embedded engine."""
         from gateway.serve import run_serve
+        from gateway.settings import GatewaySettings
 
+        announce_database(GatewaySettings().database_url)
         code = run_serve(host=host, port=port, wait_for_db_s=wait_for_db, app_factory=app_factory, banners=banners)
         if code:
             raise typer.Exit(code)

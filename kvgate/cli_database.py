@@ -72,9 +72,16 @@ def database_url(*, write: bool) -> str:
             f"no database at {path} (KVGATE_DATABASE_URL={masked_url(url)}); run kvgate where it is, or set "
             "KVGATE_DATABASE_URL in the environment or in .env"
         )
-    if is_verbose():
-        print(f"kvgate: database {masked_url(url)}" + (f" ({path})" if path else ""), file=sys.stderr)
+    announce_database(url)
     return url
+
+
+def announce_database(url: str) -> None:
+    """Under `kvgate -v`, say on stderr which database the command opens (for a command that opens it
+    some other way than run_on_database, such as `kvgate serve`)."""
+    if is_verbose():
+        path = sqlite_path(url)
+        print(f"kvgate: database {masked_url(url)}" + (f" ({path})" if path else ""), file=sys.stderr)
 
 
 def run_on_database(action: Callable[[Sessions], Awaitable[T]], *, write: bool) -> T:

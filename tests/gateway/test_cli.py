@@ -108,7 +108,7 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
     env.pop("KVGATE_ADMIN_TOKEN", None)
     kvgate = Path(sys.executable).with_name("kvgate")
     process = subprocess.Popen(
-        [str(kvgate), "serve", "--port", str(port)],
+        [str(kvgate), "-v", "serve", "--port", str(port)],
         env=env,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -149,3 +149,4 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
     token = re.search(r"Generated the admin token.*\n\s+(kvgadm-\S+)", stderr)
     assert token is not None, stderr
     assert (tmp_path / "kvgate.db").exists()
+    assert f"kvgate: database sqlite:///{tmp_path / 'kvgate.db'}" in stderr  # -v names the database
