@@ -7,6 +7,8 @@ import csv
 import io
 import json
 import os
+import subprocess
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
@@ -142,3 +144,29 @@ def test_user_errors_are_one_line(workdir: Path) -> None:
     assert "Traceback" not in result.output
     ok = kvgate("keys", "list", "ten_missing")
     assert ok.exit_code == 1 and ok.stderr.startswith("error: ")
+
+
+def test_shell_completion_completes_commands_and_options(workdir: Path) -> None:
+    """What the script `kvgate --install-completion` installs asks the command itself for the words."""
+
+    def complete(words: str) -> list[str]:
+        env = {
+            **os.environ,
+            "_KVGATE_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(len(words.split()) - 1),
+        }
+        done = subprocess.run(
+            [sys.executable, "-c", "import sys; from kvgate.cli import main; sys.exit(main())"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        )
+        return done.stdout.split()
+
+    assert complete("kvgate ten") == ["tenants"]
+    assert "--output" in complete("kvgate tenants list --o")
+    assert complete("kvgate nosuchcommand") == []
+    assert list(workdir.iterdir()) == []  # completing creates no database
