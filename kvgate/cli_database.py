@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import TypeVar
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from kvgate.db import migrate, open_database
+from kvgate.db_health import is_database_unavailable
 from kvgate.errors import KvgateError
 from kvgate.settings import KvgateSettings
 
@@ -29,6 +31,10 @@ Sessions = async_sessionmaker[AsyncSession]
 
 class DatabaseMissingError(KvgateError):
     """A read-only command found no database where the settings point."""
+
+
+class DatabaseUnreachableError(KvgateError):
+    """The database the settings point to cannot be reached (down, refused, timed out) or parsed."""
 
 
 class _State:
@@ -66,7 +72,13 @@ def sqlite_path(url: str) -> Path | None:
 def database_url(*, write: bool) -> str:
     """The configured database URL (KVGATE_DATABASE_URL, .env, or the default), checked for a read."""
     url = KvgateSettings().database_url
-    path = sqlite_path(url)
+    try:
+        path = sqlite_path(url)
+    except ArgumentError:
+        raise DatabaseUnreachableError(
+            "KVGATE_DATABASE_URL is not a database URL: give sqlite:///path/to/kvgate.db or "
+            "postgresql://user:password@host:5432/dbname (in the environment or in .env)"
+        ) from None
     if not write and path is not None and not path.exists():
         raise DatabaseMissingError(
             f"no database at {path} (KVGATE_DATABASE_URL={masked_url(url)}); run kvgate where it is, or set "
@@ -84,13 +96,26 @@ def announce_database(url: str) -> None:
         print(f"kvgate: database {masked_url(url)}" + (f" ({path})" if path else ""), file=sys.stderr)
 
 
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300]}" if lines else type(error).__name__
+
+
 def run_on_database(action: Callable[[Sessions], Awaitable[T]], *, write: bool) -> T:
     """Open the database (see the module's docstring) and run `action(sessions)` to completion."""
     url = database_url(write=write)
-    migrate(url)
 
     async def run() -> T:
         async with open_database(url) as sessions:
             return await action(sessions)
 
-    return asyncio.run(run())
+    try:
+        migrate(url)
+        return asyncio.run(run())
+    except Exception as exc:
+        if not is_database_unavailable(exc):
+            raise
+        raise DatabaseUnreachableError(
+            f"cannot reach the database at {masked_url(url)} ({_first_line(exc)}); is it running? "
+            "Point kvgate elsewhere with KVGATE_DATABASE_URL (environment or .env)"
+        ) from None

@@ -170,3 +170,18 @@ def test_shell_completion_completes_commands_and_options(workdir: Path) -> None:
     assert "--output" in complete("kvgate tenants list --o")
     assert complete("kvgate nosuchcommand") == []
     assert list(workdir.iterdir()) == []  # completing creates no database
+
+
+def test_an_unreachable_or_malformed_database_is_one_line(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Port 1 on this machine refuses at once; the password must not be printed.
+    monkeypatch.setenv("KVGATE_DATABASE_URL", "postgresql://kv:pw-not-shown@127.0.0.1:1/kvgate")
+    for argv in (["tenants", "create", "X"], ["tenants", "list"]):
+        result = kvgate(*argv)
+        assert result.exit_code == 1 and len(result.stderr.splitlines()) == 1, result.output
+        assert result.stderr.startswith("error: cannot reach the database at postgresql://kv:***@127.0.0.1:1/kvgate")
+        assert "pw-not-shown" not in result.output and "Traceback" not in result.output
+    monkeypatch.setenv("KVGATE_DATABASE_URL", "not a url")
+    result = kvgate("tenants", "list")
+    assert result.exit_code == 1 and result.stderr.startswith("error: KVGATE_DATABASE_URL is not a database URL")
+    monkeypatch.setenv("KVGATE_DATABASE_URL", f"sqlite:///{workdir / 'ok.db'}")
+    assert kvgate("tenants", "create", "X").exit_code == 0  # the same command on a good URL
