@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -61,8 +62,11 @@ def test_key_scopes_from_the_cli(cli_db: str, capsys: pytest.CaptureFixture[str]
     assert code == 0 and "(scopes: inference usage:read)" in out
     code, out, _ = run(capsys, "keys", "scopes", plain_id, "--scope", "usage:read")
     assert code == 0 and out.strip().endswith("now has scopes: usage:read")
-    listed = run(capsys, "keys", "list", tenant_id)[1]
-    assert "scopes usage:read" in listed and "scopes inference usage:read" in listed
+    listed = {key["id"]: key["scopes"] for key in json.loads(run(capsys, "keys", "list", tenant_id, "-o", "json")[1])}
+    assert listed[plain_id] == ["usage:read"] and sorted(listed.values()) == [
+        ["inference", "usage:read"],
+        ["usage:read"],
+    ]
     # An unknown scope is a message and exit status 1, on creation and on change.
     code, _, err = run(capsys, "keys", "create", tenant_id, "--scope", "admin")
     assert code == 1 and "unknown scope 'admin'" in err
@@ -104,7 +108,7 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
     env.pop("KVGATE_ADMIN_TOKEN", None)
     kvgate = Path(sys.executable).with_name("kvgate")
     process = subprocess.Popen(
-        [str(kvgate), "serve", "--port", str(port)],
+        [str(kvgate), "-v", "serve", "--port", str(port)],
         env=env,
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
@@ -145,3 +149,4 @@ def test_serve_migrates_prints_first_start_help_and_serves(tiny_llama_dir: Path,
     token = re.search(r"Generated the admin token.*\n\s+(kvgadm-\S+)", stderr)
     assert token is not None, stderr
     assert (tmp_path / "kvgate.db").exists()
+    assert f"kvgate: database sqlite:///{tmp_path / 'kvgate.db'}" in stderr  # -v names the database
