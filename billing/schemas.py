@@ -75,32 +75,46 @@ class UsageList(BaseModel):
 
 
 class SummaryOut(BaseModel):
-    key: str | None
+    """Usage summed over one group. The group's fields (day, model, api_key_id with api_key_name)
+    are null where the summary is not grouped by them."""
+
+    day: str | None
+    model: str | None
+    api_key_id: str | None
+    api_key_name: str | None
     requests: int
     input_tokens: int
     cache_write_5m_tokens: int
-    cache_write_1h_tokens: int
-    cache_write_24h_tokens: int
     cache_write_30m_tokens: int
+    cache_write_1h_tokens: int
     cache_write_12h_tokens: int
+    cache_write_24h_tokens: int
     cache_read_tokens: int
     output_tokens: int
+    hit_rate: float | None = Field(description="cache_read_tokens / all prompt tokens; null with no prompt tokens")
     cost_usd: str
-    uncached_cost_usd: str
+    uncached_cost_usd: str = Field(description="What the same requests would have cost without caching")
+    saved_usd: str = Field(description="What the cache saved: uncached_cost_usd - cost_usd")
 
     @classmethod
     def of(cls, row: SummaryRow) -> SummaryOut:
+        rate = row.hit_rate
         return cls(
-            key=row.key,
+            day=row.day,
+            model=row.model,
+            api_key_id=row.api_key_id,
+            api_key_name=row.api_key_name,
             requests=row.requests,
             **row.counts.as_columns(),
+            hit_rate=None if rate is None else round(rate, 4),
             cost_usd=format_usd_exact(row.cost_pico),
             uncached_cost_usd=format_usd_exact(row.uncached_cost_pico),
+            saved_usd=format_usd_exact(row.saved_pico),
         )
 
 
 class SummaryList(BaseModel):
-    group_by: str
+    group_by: list[str]
     data: list[SummaryOut]
 
 
