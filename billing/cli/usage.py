@@ -49,10 +49,10 @@ async def _list(service: BillingService, args: argparse.Namespace) -> None:
 
 async def _summary(service: BillingService, args: argparse.Namespace) -> None:
     async with service.sessions() as session:
-        rows = await summarize(session=session, where=where(args), group_by=args.group_by)
+        rows = await summarize(session=session, where=where(args), group_by=[args.group_by])
     out = [
         {
-            args.group_by: r.key,
+            args.group_by: {"day": r.day, "model": r.model, "key": r.api_key_id}[args.group_by],
             "requests": r.requests,
             "input": r.counts.input,
             "cache_write": r.counts.cache_writes,
