@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from datetime import UTC, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 from billing import catalog, operations
 from billing.cli.common import command, group, json_flag, print_json, table, when
-from billing.prices import PriceSpec
+from billing.prices import PRICE_FIELDS, PriceChange
 from billing.schemas import PriceOut
 from billing.service import BillingService
 
@@ -26,14 +27,10 @@ def register(subparsers: Any) -> None:
     sub = prices.add_parser("add", help="add a price version (a change never edits an old version)")
     sub.add_argument("model")
     sub.add_argument("--effective-from", required=True, help="ISO 8601 with offset, e.g. 2026-04-01T00:00:00Z")
-    sub.add_argument("--input", required=True, help="USD per million input tokens")
-    sub.add_argument("--output", required=True, help="USD per million output tokens")
-    sub.add_argument("--cache-write-5m-multiplier", default="1.25")
-    sub.add_argument("--cache-write-1h-multiplier", default="2.0")
-    sub.add_argument("--cache-read-multiplier", default="0.1")
-    sub.add_argument("--cache-write-30m-multiplier", default="1.7")
-    sub.add_argument("--cache-write-12h-multiplier", default="5.0")
-    sub.add_argument("--cache-write-24h-multiplier", help="offer OpenAI-style 24h retention at this multiplier")
+    sub.add_argument("--input", help="USD per million input tokens")
+    sub.add_argument("--output", help="USD per million output tokens")
+    for name in MULTIPLIERS:
+        sub.add_argument(f"--{name.replace('_', '-')}")
     sub.set_defaults(handler=command(_add))
 
 
@@ -56,21 +53,20 @@ async def _seed(service: BillingService, args: argparse.Namespace) -> None:
     print(f"{len(result.created)} new price versions, {result.unchanged} unchanged ({path})")
 
 
+MULTIPLIERS = [n for n in PRICE_FIELDS if n.endswith("multiplier")]
+
+
 async def _add(service: BillingService, args: argparse.Namespace) -> None:
-    spec = PriceSpec(
-        model=args.model,
-        effective_from=when(args.effective_from) or datetime.now(UTC),
-        input_usd_per_mtok=Decimal(args.input),
-        output_usd_per_mtok=Decimal(args.output),
-        cache_write_5m_multiplier=Decimal(args.cache_write_5m_multiplier),
-        cache_write_1h_multiplier=Decimal(args.cache_write_1h_multiplier),
-        cache_read_multiplier=Decimal(args.cache_read_multiplier),
-        cache_write_30m_multiplier=Decimal(args.cache_write_30m_multiplier),
-        cache_write_12h_multiplier=Decimal(args.cache_write_12h_multiplier),
-        cache_write_24h_multiplier=None
-        if args.cache_write_24h_multiplier is None
-        else Decimal(args.cache_write_24h_multiplier),
-    )
+    given: dict[str, Decimal | None] = {}
+    for name in PRICE_FIELDS:
+        text = getattr(args, name.removesuffix("_usd_per_mtok"))
+        if text is not None:
+            given[name] = None if text.lower() == "none" else Decimal(text)
+    change = PriceChange(model=args.model, effective_from=when(args.effective_from) or datetime.now(UTC), given=given)
     async with service.sessions() as session:
-        version = await operations.add_price(session=session, spec=spec, source="cli")
+        added = await operations.add_price(session=session, change=change, source="cli")
+    version = added.version
+    if added.carried_over:
+        names = ", ".join(added.carried_over)
+        print(f"warning: carried over from version {added.carried_from}: {names}", file=sys.stderr)
     print(f"price version {version.id}: {version.model} from {version.effective_from.isoformat()}")

@@ -186,7 +186,7 @@ async def test_budget_credit_price_and_reversal_routes(api, sessions):
         "output_usd_per_mtok": "1.2",
     }
     r = await api.post("/admin/v1/prices", json=price)
-    assert r.status_code == 201 and r.json()["input_usd_per_mtok"] == "0.3"
+    assert r.status_code == 201 and r.json()["input_usd_per_mtok"] == "0.30"
     assert (await api.post("/admin/v1/prices", json=price)).status_code == 409
     assert api.service.price_for(f"p-{tenant}", datetime(2026, 7, 1, tzinfo=UTC)).id == r.json()["id"]
     r = await api.post("/admin/v1/prices", json={**price, "input_usd_per_mtok": "0.00001"})

@@ -130,7 +130,7 @@ def test_budget_price_and_spool_commands(db, capsys):
     )
     assert code == 0 and "new-model" in out
     code, out, _ = run(capsys, "prices", "list", "--model", "new-model", "--json")
-    assert json.loads(out)[0]["input_usd_per_mtok"] == "0.2"
+    assert json.loads(out)[0]["input_usd_per_mtok"] == "0.20"
     code, out, _ = run(capsys, "prices", "seed")
     assert code == 0 and "0 new price versions" in out
     assert run(capsys, "spool", "status")[1].startswith("0 records")
