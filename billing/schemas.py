@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
-from billing.budgets import BudgetStatus, CounterState
+from billing.budgets import BudgetStatus, CounterState, KeyLimitState
 from billing.csv_export import UsageRow
 from billing.models import CreditGrant, KeyBudget
 from billing.money import format_usd_exact
@@ -244,6 +244,30 @@ class CounterOut(BaseModel):
         )
 
 
+class KeyLimitOut(BaseModel):
+    """An API key's own monthly limit (null: none; the tenant's limits still apply) and this month's spend."""
+
+    api_key_id: str
+    name: str
+    revoked: bool
+    monthly_limit_usd: str | None
+    spent_usd: str
+    reserved_usd: str
+    remaining_usd: str | None
+
+    @classmethod
+    def of(cls, key: KeyLimitState) -> KeyLimitOut:
+        return cls(
+            api_key_id=key.api_key_id,
+            name=key.name,
+            revoked=key.revoked,
+            monthly_limit_usd=usd_text(key.month.limit_pico),
+            spent_usd=format_usd_exact(key.month.spent_pico),
+            reserved_usd=format_usd_exact(key.month.reserved_pico),
+            remaining_usd=usd_text(key.month.remaining_pico),
+        )
+
+
 class BudgetOut(BaseModel):
     tenant_id: str
     monthly_limit_usd: str | None
@@ -251,6 +275,7 @@ class BudgetOut(BaseModel):
     credit_granted_usd: str
     month: CounterOut
     credit: CounterOut
+    keys: list[KeyLimitOut] = Field(description="Every unrevoked key, and revoked ones with spend this month")
 
     @classmethod
     def of(cls, status: BudgetStatus) -> BudgetOut:
@@ -261,6 +286,7 @@ class BudgetOut(BaseModel):
             credit_granted_usd=format_usd_exact(status.credit_granted_pico),
             month=CounterOut.of(status.month),
             credit=CounterOut.of(status.credit),
+            keys=[KeyLimitOut.of(key) for key in status.keys],
         )
 
 
