@@ -39,8 +39,13 @@ DEFAULT_MULTIPLIERS: dict[str, Decimal] = {
 MAX_USD_PER_MTOK = Decimal(10_000)
 MAX_MULTIPLIER = Decimal(100)
 _MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
-PRICE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS)
-"""Everything a version prices: the input and output prices and each cache class's multiplier."""
+PRICE_FIELDS = (
+    "input_usd_per_mtok",
+    "output_usd_per_mtok",
+    *(f"{t.category.value}_multiplier" for t in TTL_CLASSES),
+    "cache_read_multiplier",
+)
+"""Everything a version prices: the input and output prices and each cache class's multiplier (TTL order)."""
 NULLABLE_FIELDS = frozenset({"cache_write_24h_multiplier"})
 """Set to None, the class is not offered (24h retention is opt-in)."""
 _ENTRY_KEYS = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS}
