@@ -1,32 +1,92 @@
-"""The `kvgate` command. Each package contributes its subcommands through a `register` function.
+"""The `kvgate` command. Each package contributes its commands through a `register(app)` function.
 
-Part of the composition root (with kvgate.app): it names every package's commands, and
-hands `kvgate serve` the app with billing wired in.
+Part of the composition root (with kvgate.app): it names every package's commands, and hands
+`kvgate serve` the app with billing wired in.
+
+How a package adds a command (the kit is kvgate.cli_output, cli_dates, cli_database, cli_errors):
+
+    # mypackage/cli.py
+    def register(app: typer.Typer) -> None:
+        things = typer.Typer(help="manage things", no_args_is_help=True)
+        app.add_typer(things, name="things")
+
+        @things.command("list")
+        def list_things(output: OutputOption = OutputFormat.table) -> None:
+            "list things (reads only: never creates a database)"
+            rows = run_on_database(_load_things, write=False)   # write=True migrates/creates
+            emit(rows, fmt=output, columns=["id", "name"])      # rows: the admin API's models
+
+Raise KvgateError or ValueError for the user's mistakes (`error: ...`, exit 1; see cli_errors);
+import heavy modules (torch, the engine) inside the command, so `kvgate --help` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Annotated
+
+import typer
 
 from billing import cli as billing_cli
 from gateway import cli as gateway_cli
 from inference import cli as inference_cli
 from kvgate.app import create_app
+from kvgate.cli_argparse import add_argparse_commands
+from kvgate.cli_database import set_verbose
+from kvgate.cli_errors import UserErrorGroup
 from web import cli as web_cli
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
-    subparsers = parser.add_subparsers(dest="command", required=True)
-    inference_cli.register(subparsers)
-    gateway_cli.register(subparsers, app_factory=create_app, banners=(web_cli.serve_banner,))
-    billing_cli.register(subparsers)
-    web_cli.register(subparsers)
-    return parser
+def kvgate_version() -> str:
+    try:
+        return version("kvgate")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        from kvgate import __version__
 
+        return __version__
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(f"kvgate {kvgate_version()}")
+        raise typer.Exit()
+
+
+def _root(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="say on stderr which database each command opens")
+    ] = False,
+    show_version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    set_verbose(verbose)
+
+
+def build_app() -> typer.Typer:
+    """The `kvgate` command with every package's commands."""
+    app = typer.Typer(
+        cls=UserErrorGroup,
+        name="kvgate",
+        help="kvgate: a multi-tenant prompt-caching LLM gateway. `kvgate COMMAND --help` for each command.",
+        no_args_is_help=True,
+        # A traceback's locals would print settings, tokens and keys.
+        pretty_exceptions_show_locals=False,
+    )
+    app.callback()(_root)
+    add_argparse_commands(app, inference_cli.register)
+    add_argparse_commands(
+        app, lambda sub: gateway_cli.register(sub, app_factory=create_app, banners=(web_cli.serve_banner,))
+    )
+    add_argparse_commands(app, billing_cli.register)
+    add_argparse_commands(app, web_cli.register)
+    return app
+
+
+app = build_app()
 
 # Files kvgate creates (the SQLite database and its -wal/-shm, the usage spool, the disk KV
 # tier, which holds tenants' cached prompts) are readable by the owner only.
@@ -38,13 +98,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from inference.cpu_threads import set_openmp_defaults
 
     set_openmp_defaults()
-    args = build_parser().parse_args(argv)
-    handler: Callable[[argparse.Namespace], int | None] = args.handler
     previous = os.umask(FILE_MODE_MASK)
     try:
-        return handler(args) or 0
+        app(args=list(argv) if argv is not None else None, prog_name="kvgate")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
     finally:
         os.umask(previous)
+    return 0
 
 
 if __name__ == "__main__":
