@@ -81,7 +81,7 @@ def build_app() -> typer.Typer:
     add_argparse_commands(
         app, lambda sub: gateway_cli.register(sub, app_factory=create_app, banners=(web_cli.serve_banner,))
     )
-    add_argparse_commands(app, billing_cli.register)
+    billing_cli.register(app)
     add_argparse_commands(app, web_cli.register)
     return app
 
