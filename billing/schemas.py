@@ -1,6 +1,6 @@
 """Billing's request and response bodies, and their converters from domain objects.
 
-The admin API sends and receives them; the CLI prints the same ones (`--json`), so both show
+The admin API sends and receives them; the CLI prints the same ones (`--output json|csv`), so both show
 amounts alike: USD as exact decimal strings, never floats. In resource order: usage, prices,
 budgets and credit, invoices and credit notes, Stripe, the spool.
 """

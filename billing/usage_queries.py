@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -118,6 +118,15 @@ def _day(session: AsyncSession):  # type: ignore[no-untyped-def]
         return func.to_char(func.timezone("UTC", LedgerEntry.started_at), "YYYY-MM-DD")
     # SQLite keeps UTC timestamps as ISO text: the first ten characters are the day.
     return func.substr(LedgerEntry.started_at, 1, 10)
+
+
+async def key_names(*, session: AsyncSession, key_ids: Iterable[str | None]) -> dict[str, str]:
+    """The names of these API keys, by id (ids of deleted keys are left out)."""
+    wanted = {k for k in key_ids if k is not None}
+    if not wanted:
+        return {}
+    rows = await session.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.id.in_(wanted)))
+    return {key_id: name for key_id, name in rows.all()}
 
 
 def check_group_by(group_by: Sequence[str]) -> tuple[GroupBy, ...]:

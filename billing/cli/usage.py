@@ -15,7 +15,7 @@ from billing.csv_export import iter_csv
 from billing.money import format_usd_exact
 from billing.schemas import SummaryOut, UsageOut
 from billing.service import BillingService
-from billing.usage_queries import UsageFilter, iter_usage, list_usage, summarize
+from billing.usage_queries import UsageFilter, iter_usage, key_names, list_usage, summarize
 from kvgate.cli_dates import EndOption, MonthOption, StartOption
 from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
 from kvgate.usage import TTL_CLASSES
@@ -37,11 +37,16 @@ def _writes(row: UsageOut | SummaryOut) -> int:
     return sum(getattr(row, f"{t.category.value}_tokens") for t in TTL_CLASSES)
 
 
+def list_columns(names: dict[str, str]) -> list[Any]:
+    """The ledger table's columns; keys by name (the id in JSON and CSV)."""
+    key = Column("api_key_id", "key", value=lambda r: names.get(r.api_key_id, r.api_key_id))
+    return [*LIST_COLUMNS[:3], key, *LIST_COLUMNS[3:]]
+
+
 LIST_COLUMNS = [
     "id",
     "started_at",
     "request_id",
-    "api_key_id",
     "model",
     "status",
     Column("input_tokens", "input"),
@@ -66,11 +71,13 @@ def list_entries(
     """Ledger entries, oldest first (JSON and CSV: the admin API's GET /usage fields)."""
     where = usage_filter(tenant=tenant, key=key, model=model, start=start, end=end, month=month)
 
-    async def load(service: BillingService) -> list[UsageOut]:
+    async def load(service: BillingService) -> tuple[list[UsageOut], dict[str, str]]:
         async with service.sessions() as session:
-            return [UsageOut.of(r) for r in await list_usage(session=session, where=where, limit=limit)]
+            rows = [UsageOut.of(r) for r in await list_usage(session=session, where=where, limit=limit)]
+            return rows, await key_names(session=session, key_ids=(r.api_key_id for r in rows))
 
-    emit(run_billing(load, write=False), fmt=output, columns=LIST_COLUMNS)
+    rows, names = run_billing(load, write=False)
+    emit(rows, fmt=output, columns=list_columns(names))
 
 
 def summary_columns(rows: list[SummaryOut], groups: list[str]) -> list[Any]:

@@ -174,6 +174,9 @@ def test_every_listing_in_three_formats(db, capsys, argv, path, params, rows):
 def test_tables_align_numbers_and_show_none(db, capsys):
     code, out, _ = run(capsys, "usage", "list", "--tenant", "ten_cli")
     assert code == 0 and right_aligned(out, "cost $", "0.725") and right_aligned(out, "input", "1,000,000")
+    # Keys by name in the table (key_cli is named "k"); by id in JSON, as the API has them.
+    assert "key_cli" not in out and all(" k " in line for line in out.splitlines()[2:])
+    assert {r["api_key_id"] for r in json.loads(run(capsys, "usage", "list", "-o", "json")[1])} == {"key_cli"}
     code, out, _ = run(capsys, "prices", "list")
     # Fixed decimals per column: 0.10 beside 0.40, multipliers 1.25 beside 2.00.
     assert "0.10" in out and "0.40" in out and "2.00" in out and right_aligned(out, "write 5m x", "1.25")
