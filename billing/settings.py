@@ -10,10 +10,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from billing.prices import DEFAULT_PRICE_FILE
 from billing.profiles import Address, BillingProfile, TaxId
+from kvgate.settings import ENV_FILE
 
 
 class BillingSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore", populate_by_name=True)
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", env_file=ENV_FILE, extra="ignore", populate_by_name=True)
 
     prices_file: Path = Field(DEFAULT_PRICE_FILE, description="TOML price catalog seeded into the database.")
     spool_path: Path = Field(

@@ -1,163 +1,192 @@
 """`kvgate serve`, `kvgate tenants ...`, `kvgate keys ...`: the gateway's commands.
 
-tenants and keys work directly on the database (migrating it first), so they need
-no running server and no admin token.
+tenants and keys work directly on the database (writes migrate it first; lists never create it), so
+they need no running server and no admin token. Listings print the admin API's own models
+(TenantOut, KeyOut): `--output json` gives the same field names as GET /admin/v1/tenants.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import functools
-import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
+import typer
+
+from gateway.protocols.admin import KeyOut, TenantOut
 from gateway.serve import AppFactory, Banner
-from gateway.settings import GatewaySettings
-from kvgate.db import migrate, open_database, utcnow
-from kvgate.errors import KvgateError
+from kvgate.cli_database import Sessions, run_on_database
+from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
+from kvgate.db import utcnow
 from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE
 
+TENANT_COLUMNS = ("id", "name", "status", "created_at")
+KEY_COLUMNS = (
+    "id",
+    "name",
+    Column("prefix", value=lambda key: f"{key.prefix}..."),
+    Column("state", value=lambda key: key_state(key)),
+    Column("scopes"),
+    Column("last_used_at", header="last used", value=lambda key: key.last_used_at or "never"),
+    Column("expires_at", header="expires"),
+    Column("requests_per_minute", header="req/min"),
+    Column("input_tokens_per_minute", header="input tok/min"),
+)
 
-def register(subparsers: Any, *, app_factory: AppFactory, banners: Sequence[Banner] = ()) -> None:
-    serve = subparsers.add_parser("serve", help="run the gateway with the embedded engine")
-    serve.add_argument("--host", help="default KVGATE_HOST or 127.0.0.1")
-    serve.add_argument("--port", type=int, help="default KVGATE_PORT or 8080")
-    serve.set_defaults(handler=functools.partial(cmd_serve, app_factory=app_factory, banners=banners))
-
-    tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
-    create = tenants.add_parser("create", help="create a tenant")
-    create.add_argument("name")
-    create.set_defaults(handler=db_command(_tenants_create))
-    tenants.add_parser("list", help="list tenants").set_defaults(handler=db_command(_tenants_list))
-    for action, suspended in (("suspend", True), ("activate", False)):
-        sub = tenants.add_parser(action, help=f"{action} a tenant")
-        sub.add_argument("tenant_id")
-        sub.set_defaults(handler=db_command(_tenants_set_status(suspended)))
-
-    keys = subparsers.add_parser("keys", help="manage API keys").add_subparsers(dest="action", required=True)
-    create = keys.add_parser("create", help="issue an API key for a tenant (shown once)")
-    create.add_argument("tenant_id")
-    create.add_argument("--name", default="default")
-    create.add_argument("--expires-in-days", type=float, help="expire the key after this many days")
-    create.add_argument("--requests-per-minute", type=int)
-    create.add_argument("--input-tokens-per-minute", type=int)
-    create.add_argument(
-        "--scope",
-        action="append",
-        dest="scopes",
-        metavar="SCOPE",
-        help=f"what the key may do, repeatable: {', '.join(KEY_SCOPES)} (default {SCOPE_INFERENCE})",
-    )
-    create.set_defaults(handler=db_command(_keys_create))
-    scopes = keys.add_parser("scopes", help="set an API key's scopes (replacing its old ones)")
-    scopes.add_argument("key_id")
-    scopes.add_argument("--scope", action="append", dest="scopes", metavar="SCOPE", required=True, help="repeatable")
-    scopes.set_defaults(handler=db_command(_keys_scopes))
-    revoke = keys.add_parser("revoke", help="revoke an API key")
-    revoke.add_argument("key_id")
-    revoke.set_defaults(handler=db_command(_keys_revoke))
-    listing = keys.add_parser("list", help="list a tenant's API keys")
-    listing.add_argument("tenant_id")
-    listing.set_defaults(handler=db_command(_keys_list))
+ScopesOption = Annotated[
+    list[str] | None,
+    typer.Option("--scope", metavar="SCOPE", help=f"what the key may do, repeatable: {', '.join(KEY_SCOPES)}"),
+]
 
 
-def db_command(action: Callable[[Any, argparse.Namespace], Awaitable[None]]) -> Callable[[argparse.Namespace], int]:
-    """A handler running `action(session, args)` on the migrated database; a KvgateError: one line, exit 1."""
+def register(app: typer.Typer, *, app_factory: AppFactory, banners: Sequence[Banner] = ()) -> None:
+    """Add `serve`, `tenants` and `keys` to the `kvgate` command."""
 
-    def handler(args: argparse.Namespace) -> int:
-        url = GatewaySettings().database_url
-        migrate(url)
+    @app.command("serve")
+    def serve(
+        host: Annotated[str | None, typer.Option(help="default KVGATE_HOST or 127.0.0.1")] = None,
+        port: Annotated[int | None, typer.Option(help="default KVGATE_PORT or 8080")] = None,
+        wait_for_db: Annotated[
+            float,
+            typer.Option("--wait-for-db", metavar="SECONDS", min=0, help="retry an unreachable database this long"),
+        ] = 0.0,
+    ) -> None:
+        """Run the gateway with the embedded engine."""
+        from gateway.serve import run_serve
 
-        async def run() -> None:
-            async with open_database(url) as sessions, sessions() as session:
-                await action(session, args)
+        code = run_serve(host=host, port=port, wait_for_db_s=wait_for_db, app_factory=app_factory, banners=banners)
+        if code:
+            raise typer.Exit(code)
 
-        try:
-            asyncio.run(run())
-        except KvgateError as exc:
-            print(f"error: {exc.message}", file=sys.stderr)
-            return 1
-        return 0
-
-    return handler
-
-
-async def _tenants_create(session: Any, args: argparse.Namespace) -> None:
-    from gateway.services.tenants import create_tenant
-
-    tenant = await create_tenant(session, name=args.name)
-    print(f"created tenant {tenant.id} ({tenant.name})")
-    print(f"next: kvgate keys create {tenant.id}")
+    app.add_typer(tenants_app(), name="tenants")
+    app.add_typer(keys_app(), name="keys")
 
 
-async def _tenants_list(session: Any, args: argparse.Namespace) -> None:
-    from gateway.services.tenants import list_tenants
+def tenants_app() -> typer.Typer:
+    tenants = typer.Typer(help="Manage tenants.", no_args_is_help=True)
 
-    for tenant in await list_tenants(session):
-        print(f"{tenant.id}\t{tenant.status}\t{tenant.name}")
+    @tenants.command("create")
+    def create(name: str) -> None:
+        """Create a tenant."""
+        from gateway.services.tenants import create_tenant
+
+        async def action(sessions: Sessions) -> Any:
+            async with sessions() as session:
+                return await create_tenant(session, name=name)
+
+        tenant = run_on_database(action, write=True)
+        print(f"created tenant {tenant.id} ({tenant.name})")
+        print(f"next: kvgate keys create {tenant.id}")
+
+    @tenants.command("list")
+    def list_(output: OutputOption = OutputFormat.table) -> None:
+        """List tenants."""
+        from gateway.services.tenants import list_tenants
+
+        async def action(sessions: Sessions) -> list[TenantOut]:
+            async with sessions() as session:
+                return [TenantOut.model_validate(t) for t in await list_tenants(session)]
+
+        emit(run_on_database(action, write=False), fmt=output, columns=TENANT_COLUMNS, model=TenantOut)
+
+    for verb, suspended in (("suspend", True), ("activate", False)):
+        tenants.command(verb, help=f"{verb.capitalize()} a tenant.")(_set_status(suspended))
+    return tenants
 
 
-def _tenants_set_status(suspended: bool) -> Callable[[Any, argparse.Namespace], Awaitable[None]]:
-    async def action(session: Any, args: argparse.Namespace) -> None:
+def _set_status(suspended: bool) -> Any:
+    def command(tenant_id: str) -> None:
         from gateway.services.tenants import set_tenant_status
 
-        tenant = await set_tenant_status(session, tenant_id=args.tenant_id, suspended=suspended)
+        async def action(sessions: Sessions) -> Any:
+            async with sessions() as session:
+                return await set_tenant_status(session, tenant_id=tenant_id, suspended=suspended)
+
+        tenant = run_on_database(action, write=True)
         print(f"tenant {tenant.id} is {tenant.status}")
 
-    return action
+    return command
 
 
-async def _keys_create(session: Any, args: argparse.Namespace) -> None:
-    from gateway.services.keys import create_key
+def keys_app() -> typer.Typer:
+    keys = typer.Typer(help="Manage API keys.", no_args_is_help=True)
 
-    expires_at = utcnow() + timedelta(days=args.expires_in_days) if args.expires_in_days else None
-    key, plaintext = await create_key(
-        session,
-        tenant_id=args.tenant_id,
-        name=args.name,
-        expires_at=expires_at,
-        requests_per_minute=args.requests_per_minute,
-        input_tokens_per_minute=args.input_tokens_per_minute,
-        scopes=args.scopes or [SCOPE_INFERENCE],
-    )
-    print(f"created key {key.id} for tenant {key.tenant_id} (scopes: {key.scopes}). The key is shown only this once:")
-    print(plaintext)
+    @keys.command("create")
+    def create(
+        tenant_id: str,
+        name: Annotated[str, typer.Option(help="a name to tell the key by")] = "default",
+        expires_in_days: Annotated[float | None, typer.Option(help="expire the key after this many days")] = None,
+        requests_per_minute: Annotated[int | None, typer.Option()] = None,
+        input_tokens_per_minute: Annotated[int | None, typer.Option()] = None,
+        scopes: ScopesOption = None,
+    ) -> None:
+        """Issue an API key for a tenant (shown once). Default scope: inference."""
+        from gateway.services.keys import create_key
+
+        expires_at = utcnow() + timedelta(days=expires_in_days) if expires_in_days else None
+
+        async def action(sessions: Sessions) -> Any:
+            async with sessions() as session:
+                return await create_key(
+                    session,
+                    tenant_id=tenant_id,
+                    name=name,
+                    expires_at=expires_at,
+                    requests_per_minute=requests_per_minute,
+                    input_tokens_per_minute=input_tokens_per_minute,
+                    scopes=scopes or [SCOPE_INFERENCE],
+                )
+
+        key, plaintext = run_on_database(action, write=True)
+        print(f"created key {key.id} ({key.name}) for tenant {key.tenant_id} (scopes: {key.scopes}).")
+        print("The key is shown only this once:")
+        print(plaintext)
+
+    @keys.command("scopes")
+    def scopes_(key_id: str, scopes: ScopesOption = None) -> None:
+        """Set an API key's scopes (replacing its old ones)."""
+        from gateway.services.keys import set_scopes
+
+        if not scopes:
+            raise ValueError(f"give the key's new scopes with --scope (repeatable): {', '.join(KEY_SCOPES)}")
+
+        async def action(sessions: Sessions) -> Any:
+            async with sessions() as session:
+                return await set_scopes(session, key_id=key_id, scopes=scopes)
+
+        key = run_on_database(action, write=True)
+        # Another process's auth cache keeps the old scopes for up to KVGATE_AUTH_CACHE_TTL_S.
+        print(f"key {key.id} ({key.name}, {key.prefix}...) now has scopes: {key.scopes}")
+
+    @keys.command("revoke")
+    def revoke(key_id: str) -> None:
+        """Revoke an API key."""
+        from gateway.services.keys import revoke_key
+
+        async def action(sessions: Sessions) -> Any:
+            async with sessions() as session:
+                return await revoke_key(session, key_id=key_id)
+
+        key = run_on_database(action, write=True)
+        print(f"revoked key {key.id} ({key.name}, {key.prefix}...)")
+
+    @keys.command("list")
+    def list_(tenant_id: str, output: OutputOption = OutputFormat.table) -> None:
+        """List a tenant's API keys."""
+        from gateway.services.keys import list_keys
+
+        async def action(sessions: Sessions) -> list[KeyOut]:
+            async with sessions() as session:
+                return [KeyOut.model_validate(k) for k in await list_keys(session, tenant_id=tenant_id)]
+
+        emit(run_on_database(action, write=False), fmt=output, columns=KEY_COLUMNS, model=KeyOut)
+
+    return keys
 
 
-async def _keys_revoke(session: Any, args: argparse.Namespace) -> None:
-    from gateway.services.keys import revoke_key
-
-    key = await revoke_key(session, key_id=args.key_id)
-    print(f"revoked key {key.id} ({key.prefix}...)")
-
-
-async def _keys_scopes(session: Any, args: argparse.Namespace) -> None:
-    from gateway.services.keys import set_scopes
-
-    key = await set_scopes(session, key_id=args.key_id, scopes=args.scopes)
-    # Another process's auth cache keeps the old scopes for up to KVGATE_AUTH_CACHE_TTL_S.
-    print(f"key {key.id} ({key.prefix}...) now has scopes: {key.scopes}")
-
-
-async def _keys_list(session: Any, args: argparse.Namespace) -> None:
-    from gateway.services.keys import list_keys
-
-    for key in await list_keys(session, tenant_id=args.tenant_id):
-        state = "revoked" if key.revoked_at else "active"
-        last_used = key.last_used_at.isoformat() if key.last_used_at else "never"
-        print(f"{key.id}\t{key.prefix}...\t{state}\t{key.name}\tlast used {last_used}\tscopes {key.scopes}")
-
-
-def cmd_serve(args: argparse.Namespace, *, app_factory: AppFactory, banners: Sequence[Banner] = ()) -> int:
-    from gateway.serve import run_serve
-
-    return run_serve(
-        host=args.host,
-        port=args.port,
-        wait_for_db_s=getattr(args, "wait_for_db", None) or 0.0,
-        app_factory=app_factory,
-        banners=banners,
-    )
+def key_state(key: KeyOut) -> str:
+    if key.revoked_at:
+        return "revoked"
+    if key.expires_at and key.expires_at <= utcnow():
+        return "expired"
+    return "active"

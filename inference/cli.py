@@ -2,30 +2,40 @@
 
 from __future__ import annotations
 
-import argparse
 import os
+from enum import StrEnum
+from typing import Annotated
+
+import typer
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    engine = subparsers.add_parser("engine", help="The embedded inference engine.")
-    commands = engine.add_subparsers(dest="engine_command", required=True)
-    serve = commands.add_parser(
-        "serve",
-        help="Serve the engine alone over vLLM's OpenAI-compatible HTTP API (settings from KVGATE_* env).",
-    )
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8001)
-    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    serve.add_argument(
-        "--shutdown-grace-s",
-        type=float,
-        help="after SIGTERM, exit within this many seconds: requests in flight get two thirds of it, "
-        "stopping the engine the rest (default KVGATE_SHUTDOWN_GRACE_S or 30)",
-    )
-    serve.set_defaults(handler=_serve)
+class LogLevel(StrEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
 
 
-def _serve(args: argparse.Namespace) -> int:
+def register(app: typer.Typer) -> None:
+    """Add `engine serve` to the `kvgate` command."""
+    engine = typer.Typer(help="The embedded inference engine.", no_args_is_help=True)
+    app.add_typer(engine, name="engine")
+    engine.command("serve")(serve)
+
+
+def serve(
+    host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="port to listen on")] = 8001,
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.info,
+    shutdown_grace_s: Annotated[
+        float | None,
+        typer.Option(
+            help="after SIGTERM, exit within this many seconds: requests in flight get two thirds of it, "
+            "stopping the engine the rest (default KVGATE_SHUTDOWN_GRACE_S or 30)"
+        ),
+    ] = None,
+) -> None:
+    """Serve the engine alone over vLLM's OpenAI-compatible HTTP API (settings from KVGATE_* env)."""
     # Imported here so that `kvgate --help` does not pay for torch and transformers.
     import uvicorn
 
@@ -34,15 +44,14 @@ def _serve(args: argparse.Namespace) -> int:
     from inference.settings import EngineSettings
     from kvgate.logs import configure_logging
 
-    configure_logging(args.log_level)
-    grace = args.shutdown_grace_s or float(os.environ.get("KVGATE_SHUTDOWN_GRACE_S", "30"))
+    configure_logging(log_level.value)
+    grace = shutdown_grace_s or float(os.environ.get("KVGATE_SHUTDOWN_GRACE_S", "30"))
     app = create_app(AsyncEngine(EngineSettings()), shutdown_timeout_s=grace / 3)
     # log_config=None leaves uvicorn's loggers (levels included) as configure_logging set them.
     uvicorn.run(
         app,
-        host=args.host,
-        port=args.port,
+        host=host,
+        port=port,
         log_config=None,
         timeout_graceful_shutdown=grace * 2 / 3,  # type: ignore[arg-type]
     )
-    return 0

@@ -9,12 +9,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference.bundled_models import SMOLLM2
+from kvgate.settings import ENV_FILE
 
 DEFAULT_MODEL = SMOLLM2.name
 
 
 class EngineSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", env_file=ENV_FILE, extra="ignore")
 
     model: str = Field(
         DEFAULT_MODEL,

@@ -34,9 +34,9 @@ from billing import cli as billing_cli
 from gateway import cli as gateway_cli
 from inference import cli as inference_cli
 from kvgate.app import create_app
-from kvgate.cli_argparse import add_argparse_commands
 from kvgate.cli_database import set_verbose
 from kvgate.cli_errors import UserErrorGroup
+from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
 from web import cli as web_cli
 
 
@@ -77,13 +77,27 @@ def build_app() -> typer.Typer:
         pretty_exceptions_show_locals=False,
     )
     app.callback()(_root)
-    add_argparse_commands(app, inference_cli.register)
-    add_argparse_commands(
-        app, lambda sub: gateway_cli.register(sub, app_factory=create_app, banners=(web_cli.serve_banner,))
-    )
+    inference_cli.register(app)
+    gateway_cli.register(app, app_factory=create_app, banners=(web_cli.serve_banner,))
     billing_cli.register(app)
-    add_argparse_commands(app, web_cli.register)
+    web_cli.register(app)
+    app.command("config")(config)
     return app
+
+
+def config(output: OutputOption = OutputFormat.table) -> None:
+    """Print the effective settings: every KVGATE_* setting, its value (secrets masked) and where it
+    came from (default, .env in this directory, or the environment, which wins)."""
+    from kvgate.settings_report import effective_settings
+    from kvgate.settings_table import SETTINGS_CLASSES
+
+    columns = [
+        "setting",
+        "part",
+        Column("value", value=lambda row: "(unset)" if row.value is None else row.value),
+        "source",
+    ]
+    emit(effective_settings(SETTINGS_CLASSES), fmt=output, columns=columns)
 
 
 app = build_app()

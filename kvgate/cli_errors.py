@@ -13,7 +13,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -48,7 +47,7 @@ def fail(text: str) -> typer.Exit:
 class UserErrorGroup(TyperGroup):
     """The root command group: a user error raised by any command under it is one line, exit 1."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except user_errors() as exc:

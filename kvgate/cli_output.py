@@ -9,6 +9,7 @@ with the same field names. A table is for people: numbers right-aligned, money a
 from __future__ import annotations
 
 import csv
+import io
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -76,11 +77,21 @@ ColumnSpec = str | Column
 
 
 def console(*, stderr: bool = False) -> Console:
-    """A rich console on the current stdout (or stderr): colour only on a terminal; never wrapped when
-    piped, so a script reading a table sees whole lines."""
+    """A rich console on the current stdout (or stderr), colour only on a terminal."""
     stream = sys.stderr if stderr else sys.stdout
-    terminal = stream.isatty()
-    return Console(file=stream, width=None if terminal else 100_000, highlight=False, soft_wrap=not terminal)
+    return Console(file=stream, highlight=False)
+
+
+def show(renderable: Any) -> None:
+    """Print a rich renderable on stdout. Piped (not a terminal), lines are never wrapped nor padded,
+    so a script reading a table gets whole lines without trailing blanks."""
+    if sys.stdout.isatty():
+        console().print(renderable)
+        return
+    buffer = io.StringIO()
+    Console(file=buffer, width=100_000, highlight=False, no_color=True).print(renderable)
+    for line in buffer.getvalue().splitlines():
+        print(line.rstrip())
 
 
 def emit(
@@ -89,19 +100,22 @@ def emit(
     fmt: OutputFormat,
     columns: Sequence[ColumnSpec] | None = None,
     title: str | None = None,
+    model: type[BaseModel] | None = None,
 ) -> None:
     """Print a listing. `columns` picks and orders the table's columns (default: every field);
-    JSON and CSV always carry every field, named as in the model (the admin API's names)."""
+    JSON and CSV always carry every field, named as in the model (the admin API's names).
+    `model`, the rows' class, gives an empty CSV its header line."""
     if fmt == OutputFormat.json:
         print(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
     elif fmt == OutputFormat.csv:
-        _write_csv([row.model_dump(mode="json") for row in rows], _field_names(rows))
+        names = list(model.model_fields) if model is not None else _field_names(rows)
+        _write_csv([row.model_dump(mode="json") for row in rows], names)
     else:
         if not rows:
             print(NONE_TEXT)
             return
         specs = [Column(c) if isinstance(c, str) else c for c in (columns or _field_names(rows))]
-        console().print(_table(rows, specs, title))
+        show(_table(rows, specs, title))
 
 
 def emit_one(
@@ -125,9 +139,13 @@ def emit_one(
         table.add_column("value")
         for spec in specs:
             value = spec.get(row)
-            text = _money(value, MONEY_MIN_DECIMALS) if spec.is_money() and _decimal(value) is not None else cell(value)
+            text = (
+                _money(value, _money_decimals([value]))
+                if spec.is_money() and _decimal(value) is not None
+                else cell(value)
+            )
             table.add_row(Text(spec.title), Text(text))
-        console().print(table)
+        show(table)
 
 
 def cell(value: Any) -> str:

@@ -10,9 +10,11 @@ from __future__ import annotations
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from kvgate.settings import ENV_FILE
+
 
 class DatabaseSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVGATE_DB_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KVGATE_DB_", env_file=ENV_FILE, extra="ignore")
 
     connect_timeout_s: float = Field(
         5.0, gt=0, le=600, description="Give up opening a database connection after this long."

@@ -1,4 +1,4 @@
-"""Settings every package shares: where the database and Redis are (KVGATE_* environment variables).
+"""Settings every package shares: where the database and Redis are (KVGATE_* environment variables or .env).
 
 GatewaySettings extends these; billing reads them directly. The engine's settings
 live in inference.settings, billing's own in billing.settings.
@@ -10,10 +10,13 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATABASE_URL = "sqlite:///./kvgate.db"
+# Every settings class also reads KVGATE_* lines from this file in the working directory, if there is
+# one; a variable set in the environment wins over the same line in it.
+ENV_FILE = ".env"
 
 
 class KvgateSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="KVGATE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="KVGATE_", env_file=ENV_FILE, extra="ignore")
 
     database_url: str = Field(DEFAULT_DATABASE_URL, description="sqlite:///path or postgresql://...")
     redis_url: str | None = Field(None, description="Share rate-limit buckets across processes via Redis.")

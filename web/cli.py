@@ -1,46 +1,76 @@
 """`kvgate members invite|list|remove|link`: a tenant's dashboard members, on the database directly.
 
-Like `kvgate keys`, these migrate the database first and need no running server. `invite` and `link`
+Like `kvgate keys`, these need no running server: the changes migrate the database first, `list` never
+creates one and prints the admin API's MemberOut (`--output table|json|csv`). `invite` and `link`
 print the single-use login link on stdout (and mail it when KVGATE_SMTP_URL is set).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
+import typer
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from gateway.cli import db_command
 from gateway.settings import GatewaySettings
+from kvgate.cli_database import Sessions, run_on_database
+from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
 from kvgate.errors import NotFoundError
 from kvgate.tenancy import MEMBER_ROLES
 from web import members
 from web.mail import MAIL_ERRORS, send_login_link
 from web.settings import WebSettings, public_url
 
+MEMBER_COLUMNS = (
+    "id",
+    "email",
+    "role",
+    Column("last_login_at", header="last login", value=lambda member: member.last_login_at or "never"),
+    "created_at",
+)
+MemberArg = Annotated[str, typer.Argument(help="the member's id or email")]
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("members", help="manage a tenant's dashboard members")
-    actions = parser.add_subparsers(dest="action", required=True)
-    invite = actions.add_parser("invite", help="invite a member and print their single-use login link")
-    invite.add_argument("tenant_id")
-    invite.add_argument("email")
-    invite.add_argument("--role", choices=MEMBER_ROLES, default="viewer")
-    invite.set_defaults(handler=db_command(_invite))
-    listing = actions.add_parser("list", help="list a tenant's members")
-    listing.add_argument("tenant_id")
-    listing.set_defaults(handler=db_command(_list))
-    remove = actions.add_parser("remove", help="remove a member (ends their sessions)")
-    remove.add_argument("tenant_id")
-    remove.add_argument("member", help="the member's id or email")
-    remove.set_defaults(handler=db_command(_remove))
-    link = actions.add_parser("link", help="print a new login link for a member")
-    link.add_argument("tenant_id")
-    link.add_argument("member", help="the member's id or email")
-    link.set_defaults(handler=db_command(_link))
+
+def register(app: typer.Typer) -> None:
+    """Add `members invite|list|remove|link` to the `kvgate` command."""
+    group = typer.Typer(help="Manage a tenant's dashboard members.", no_args_is_help=True)
+    app.add_typer(group, name="members")
+
+    @group.command("invite")
+    def invite(
+        tenant_id: str,
+        email: str,
+        role: Annotated[str, typer.Option(help=f"one of {', '.join(MEMBER_ROLES)}")] = "viewer",
+    ) -> None:
+        """Invite a member and print their single-use login link."""
+        if role not in MEMBER_ROLES:
+            raise ValueError(f"unknown role {role!r}: give one of {', '.join(MEMBER_ROLES)}")
+        run_on_database(lambda sessions: _in_session(sessions, _invite, tenant_id, email, role), write=True)
+
+    @group.command("list")
+    def list_(tenant_id: str, output: OutputOption = OutputFormat.table) -> None:
+        """List a tenant's members."""
+        from web.admin_api import MemberOut  # the admin API's model, so --output json matches it
+
+        rows = run_on_database(lambda sessions: _in_session(sessions, _list, tenant_id), write=False)
+        emit(rows, fmt=output, columns=MEMBER_COLUMNS, model=MemberOut)
+
+    @group.command("remove")
+    def remove(tenant_id: str, member: MemberArg) -> None:
+        """Remove a member (ends their sessions)."""
+        run_on_database(lambda sessions: _in_session(sessions, _remove, tenant_id, member), write=True)
+
+    @group.command("link")
+    def link(tenant_id: str, member: MemberArg) -> None:
+        """Print a new login link for a member."""
+        run_on_database(lambda sessions: _in_session(sessions, _link, tenant_id, member), write=True)
+
+
+async def _in_session(sessions: Sessions, action: Any, *args: Any) -> Any:
+    async with sessions() as session:
+        return await action(session, *args)
 
 
 SERVE_BANNER = """
@@ -82,14 +112,14 @@ async def _print_link(settings: WebSettings, *, email: str, url: str, tenant_nam
         print(f"could not mail the link ({exc}); pass it on yourself", file=sys.stderr)
 
 
-async def _invite(session: AsyncSession, args: argparse.Namespace) -> None:
+async def _invite(session: AsyncSession, tenant_id: str, email: str, role: str) -> None:
     from gateway.services.tenants import get_tenant
 
     settings, base = _base_url()
-    tenant = await get_tenant(session, tenant_id=args.tenant_id)
+    tenant = await get_tenant(session, tenant_id=tenant_id)
     ttl = timedelta(minutes=settings.login_link_ttl_minutes)
     invitation = await members.invite_with_link(
-        session, tenant_id=tenant.id, email=args.email, role=args.role, base_url=base, ttl=ttl
+        session, tenant_id=tenant.id, email=email, role=role, base_url=base, ttl=ttl
     )
     member = invitation.member
     print(
@@ -100,24 +130,26 @@ async def _invite(session: AsyncSession, args: argparse.Namespace) -> None:
     await _print_link(settings, email=member.email, url=invitation.login_url, tenant_name=tenant.name)
 
 
-async def _list(session: AsyncSession, args: argparse.Namespace) -> None:
-    for member in await members.list_members(session, tenant_id=args.tenant_id):
-        last = member.last_login_at.isoformat() if member.last_login_at else "never"
-        print(f"{member.id}\t{member.role}\t{member.email}\tlast login {last}")
+async def _list(session: AsyncSession, tenant_id: str) -> list[Any]:
+    from gateway.services.tenants import get_tenant
+    from web.admin_api import MemberOut  # the admin API's model, so --output json matches it
+
+    await get_tenant(session, tenant_id=tenant_id)  # an unknown tenant is an error, not an empty list
+    return [MemberOut.model_validate(m) for m in await members.list_members(session, tenant_id=tenant_id)]
 
 
-async def _remove(session: AsyncSession, args: argparse.Namespace) -> None:
-    member = await _find(session, args.tenant_id, args.member)
-    await members.remove_member(session, tenant_id=args.tenant_id, member_id=member.id)
-    print(f"removed {member.email} from tenant {args.tenant_id}; their sessions have ended")
+async def _remove(session: AsyncSession, tenant_id: str, member_ref: str) -> None:
+    member = await _find(session, tenant_id, member_ref)
+    await members.remove_member(session, tenant_id=tenant_id, member_id=member.id)
+    print(f"removed {member.email} from tenant {tenant_id}; their sessions have ended")
 
 
-async def _link(session: AsyncSession, args: argparse.Namespace) -> None:
+async def _link(session: AsyncSession, tenant_id: str, member_ref: str) -> None:
     from gateway.services.tenants import get_tenant
 
     settings, base = _base_url()
-    tenant = await get_tenant(session, tenant_id=args.tenant_id)
-    member = await _find(session, args.tenant_id, args.member)
+    tenant = await get_tenant(session, tenant_id=tenant_id)
+    member = await _find(session, tenant_id, member_ref)
     ttl = timedelta(minutes=settings.login_link_ttl_minutes)
     url, _ = await members.issue_login_link(session, member=member, base_url=base, ttl=ttl)
     await _print_link(settings, email=member.email, url=url, tenant_name=tenant.name)

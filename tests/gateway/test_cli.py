@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -61,8 +62,11 @@ def test_key_scopes_from_the_cli(cli_db: str, capsys: pytest.CaptureFixture[str]
     assert code == 0 and "(scopes: inference usage:read)" in out
     code, out, _ = run(capsys, "keys", "scopes", plain_id, "--scope", "usage:read")
     assert code == 0 and out.strip().endswith("now has scopes: usage:read")
-    listed = run(capsys, "keys", "list", tenant_id)[1]
-    assert "scopes usage:read" in listed and "scopes inference usage:read" in listed
+    listed = {key["id"]: key["scopes"] for key in json.loads(run(capsys, "keys", "list", tenant_id, "-o", "json")[1])}
+    assert listed[plain_id] == ["usage:read"] and sorted(listed.values()) == [
+        ["inference", "usage:read"],
+        ["usage:read"],
+    ]
     # An unknown scope is a message and exit status 1, on creation and on change.
     code, _, err = run(capsys, "keys", "create", tenant_id, "--scope", "admin")
     assert code == 1 and "unknown scope 'admin'" in err

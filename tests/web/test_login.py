@@ -5,6 +5,7 @@ Every refusal is paired with the same request succeeding when it should.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -217,6 +218,26 @@ def test_kvgate_members_invite_prints_a_working_link(any_dashboard: Dashboard) -
         check=False,
     )
     assert "grace@example.com" in listed.stdout and "admin" in listed.stdout
+    # --output json is the admin API's own answer for the same members; csv has the same header.
+    api_members = any_dashboard.admin.get(f"/admin/v1/tenants/{tenant}/members").json()["data"]
+    as_json = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "members", "list", tenant, "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert json.loads(as_json.stdout) == api_members and api_members[0]["email"] == "grace@example.com"
+    as_csv = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "members", "list", tenant, "-o", "csv"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert as_csv.stdout.splitlines()[0].split(",") == list(api_members[0])
     removed = subprocess.run(
         [sys.executable, "-m", "kvgate.cli", "members", "remove", tenant, "GRACE@example.com"],
         env=env,
