@@ -57,4 +57,4 @@ def list_notes(
             rows = await credit_notes.list_credit_notes(session=session, invoice_id=invoice, tenant_id=tenant)
         return [CreditNoteOut.of(n) for n in rows]
 
-    emit(run_billing(load, write=False), fmt=output, columns=COLUMNS)
+    emit(run_billing(load, write=False), fmt=output, columns=COLUMNS, model=CreditNoteOut)

@@ -91,7 +91,7 @@ def list_invoices(
             )
         return [InvoiceOut.of(v, detail=False) for v in views]
 
-    emit(run_billing(load, write=False), fmt=output, columns=LIST_COLUMNS)
+    emit(run_billing(load, write=False), fmt=output, columns=LIST_COLUMNS, model=InvoiceOut)
 
 
 @app.command("show")

@@ -48,7 +48,7 @@ def list_prices(model: ModelOption = None, output: OutputOption = OutputFormat.t
         async with service.sessions() as session:
             return [PriceOut.of(v) for v in await catalog.list_versions(session=session, model=model)]
 
-    emit(run_billing(load, write=False), fmt=output, columns=COLUMNS)
+    emit(run_billing(load, write=False), fmt=output, columns=COLUMNS, model=PriceOut)
 
 
 @app.command("seed")

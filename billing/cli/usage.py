@@ -77,7 +77,7 @@ def list_entries(
             return rows, await key_names(session=session, key_ids=(r.api_key_id for r in rows))
 
     rows, names = run_billing(load, write=False)
-    emit(rows, fmt=output, columns=list_columns(names))
+    emit(rows, fmt=output, columns=list_columns(names), model=UsageOut)
 
 
 def summary_columns(rows: list[SummaryOut], groups: list[str]) -> list[Any]:
@@ -133,7 +133,7 @@ def summary(
             return [SummaryOut.of(r) for r in await summarize(session=session, where=where, group_by=groups)]
 
     rows = run_billing(load, write=False)
-    emit(rows, fmt=output, columns=summary_columns(rows, groups))
+    emit(rows, fmt=output, columns=summary_columns(rows, groups), model=SummaryOut)
 
 
 @app.command("export")

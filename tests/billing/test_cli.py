@@ -182,7 +182,7 @@ def test_tables_align_numbers_and_show_none(db, capsys):
     assert "0.10" in out and "0.40" in out and "2.00" in out and right_aligned(out, "write 5m x", "1.25")
     assert run(capsys, "credit-notes", "list")[1].strip() == "(none)"
     assert json.loads(run(capsys, "credit-notes", "list", "-o", "json")[1]) == []
-    assert run(capsys, "credit-notes", "list", "-o", "csv")[1].strip() == ""
+    assert run(capsys, "credit-notes", "list", "-o", "csv")[1] == "id,invoice_id,number,amount_usd,reason,created_at\n"
 
 
 def test_usage_commands(db, capsys, tmp_path):
