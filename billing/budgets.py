@@ -26,6 +26,7 @@ from billing.models import BudgetCounter, BudgetReservation, KeyBudget, TenantBu
 from billing.periods import month_start, period_key
 from kvgate.db import insert_ignore, utcnow
 from kvgate.errors import BillingError, NotFoundError
+from kvgate.tenancy import ApiKey
 
 TENANT_MONTH = "tenant_month"
 KEY_MONTH = "key_month"
@@ -101,6 +102,16 @@ class CounterState:
 
 
 @dataclass(frozen=True)
+class KeyLimitState:
+    """One API key's own monthly limit (None: none) and its spend this month."""
+
+    api_key_id: str
+    name: str
+    revoked: bool
+    month: CounterState
+
+
+@dataclass(frozen=True)
 class BudgetStatus:
     tenant_id: str
     monthly_limit_pico: int | None
@@ -108,6 +119,8 @@ class BudgetStatus:
     credit_granted_pico: int
     month: CounterState
     credit: CounterState
+    keys: tuple[KeyLimitState, ...] = ()
+    """The tenant's keys: every unrevoked one, and revoked ones with spend this month."""
 
 
 async def limits_for(*, session: AsyncSession, tenant_id: str, api_key_id: str | None, month: date) -> Limits:
@@ -263,7 +276,27 @@ async def budget_status(*, session: AsyncSession, tenant_id: str, now: datetime 
         credit_granted_pico=granted,
         month=_state(TENANT_MONTH, month, limit, month_row),
         credit=_state(TENANT_CREDIT, ALL_TIME, granted if prepaid else None, credit_row),
+        keys=await _key_states(session, tenant_id, month),
     )
+
+
+async def _key_states(session: AsyncSession, tenant_id: str, month: str) -> tuple[KeyLimitState, ...]:
+    counter = (
+        (BudgetCounter.scope == KEY_MONTH) & (BudgetCounter.owner_id == ApiKey.id) & (BudgetCounter.period == month)
+    )
+    rows = await session.execute(
+        select(ApiKey, KeyBudget.monthly_limit_pico, BudgetCounter)
+        .outerjoin(KeyBudget, KeyBudget.api_key_id == ApiKey.id)
+        .outerjoin(BudgetCounter, counter)
+        .where(ApiKey.tenant_id == tenant_id)
+        .order_by(ApiKey.name, ApiKey.id)
+    )
+    states = []
+    for key, limit, row in rows.all():
+        state = _state(KEY_MONTH, month, limit, row)
+        if key.revoked_at is None or state.spent_pico or state.reserved_pico:
+            states.append(KeyLimitState(key.id, key.name, key.revoked_at is not None, state))
+    return tuple(states)
 
 
 async def key_limits(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -49,6 +50,17 @@ async def list_versions(*, session: AsyncSession, model: str | None = None) -> l
 
 async def load_pricebook(*, session: AsyncSession) -> PriceBook:
     return PriceBook(await list_versions(session=session))
+
+
+async def version_before(*, session: AsyncSession, model: str, at: datetime) -> PriceVersion | None:
+    """The model's own version in force just before `at` (the '*' fallback is not the model's)."""
+    row = await session.scalar(
+        select(PriceVersionRow)
+        .where(PriceVersionRow.model == model, PriceVersionRow.effective_from < at)
+        .order_by(PriceVersionRow.effective_from.desc())
+        .limit(1)
+    )
+    return None if row is None else to_version(row)
 
 
 async def add_version(*, session: AsyncSession, spec: PriceSpec, source: str) -> PriceVersion:

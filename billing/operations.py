@@ -8,6 +8,7 @@ directly. Failures are `billing.errors.BillingDomainError`s, which carry their H
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from billing.budgets import BudgetStatus, UnknownOwnerError
 from billing.catalog import SeedResult
 from billing.errors import NotConfiguredError
 from billing.models import CreditGrant, CreditNote, KeyBudget
-from billing.prices import PriceSpec, PriceVersion, load_price_file
+from billing.prices import PriceChange, PriceVersion, load_price_file
 from billing.render import InvoiceDocument
 from billing.settings import BillingSettings
 from billing.settlement import Settlement, reverse_charge
@@ -41,11 +42,26 @@ async def reverse_usage(*, session: AsyncSession, request_id: str, reason: str) 
 # -- prices -----------------------------------------------------------------------------------
 
 
-async def add_price(*, session: AsyncSession, spec: PriceSpec, source: str) -> PriceVersion:
-    """A new price version (a change never edits an old one); PriceConflictError if it clashes."""
-    version = await catalog.add_version(session=session, spec=spec, source=source)
+@dataclass(frozen=True)
+class AddedPrice:
+    version: PriceVersion
+    carried_over: tuple[str, ...]
+    """The price fields the change left out, taken from the version before it (`carried_from`)."""
+    carried_from: int | None
+
+
+async def add_price(*, session: AsyncSession, change: PriceChange, source: str) -> AddedPrice:
+    """A new price version (a change never edits an old one); PriceConflictError if it clashes.
+
+    What the change leaves out is carried over from the model's version before it, and named
+    in the result so the caller can warn: a new input price never silently drops a cache class.
+    """
+    previous = await catalog.version_before(session=session, model=change.model, at=change.effective_from)
+    resolved = change.resolve(previous)
+    version = await catalog.add_version(session=session, spec=resolved.spec, source=source)
     await session.commit()
-    return version
+    carried_from = previous.id if previous is not None and resolved.carried_over else None
+    return AddedPrice(version=version, carried_over=resolved.carried_over, carried_from=carried_from)
 
 
 async def seed_prices(*, session: AsyncSession, path: Path) -> SeedResult:

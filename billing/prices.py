@@ -9,6 +9,7 @@ always be re-priced with the version it names.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 from decimal import Decimal
@@ -38,6 +39,15 @@ DEFAULT_MULTIPLIERS: dict[str, Decimal] = {
 MAX_USD_PER_MTOK = Decimal(10_000)
 MAX_MULTIPLIER = Decimal(100)
 _MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
+PRICE_FIELDS = (
+    "input_usd_per_mtok",
+    "output_usd_per_mtok",
+    *(f"{t.category.value}_multiplier" for t in TTL_CLASSES),
+    "cache_read_multiplier",
+)
+"""Everything a version prices: the input and output prices and each cache class's multiplier (TTL order)."""
+NULLABLE_FIELDS = frozenset({"cache_write_24h_multiplier"})
+"""Set to None, the class is not offered (24h retention is opt-in)."""
 _ENTRY_KEYS = {"model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS}
 
 
@@ -85,7 +95,7 @@ class PriceSpec:
         if self.effective_from.tzinfo is None:
             raise PriceError(f"{self.model}: effective_from must carry a time zone (use UTC)")
         object.__setattr__(self, "effective_from", self.effective_from.astimezone(UTC))
-        for name in ("input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS):
+        for name in PRICE_FIELDS:
             value = getattr(self, name)
             if value is None:
                 continue
@@ -120,7 +130,7 @@ class PriceSpec:
         return Decimal(self.rates.for_category(category)).scaleb(-6).normalize()
 
     def same_prices(self, other: PriceSpec) -> bool:
-        return all(getattr(self, n) == getattr(other, n) for n in ("model", *_price_fields()))
+        return all(getattr(self, n) == getattr(other, n) for n in ("model", *PRICE_FIELDS))
 
     def cost_pico(self, counts: TokenCounts) -> int:
         """Exact cost in pico-dollars: the issue's formula with each multiplier folded into a rate."""
@@ -142,8 +152,50 @@ class PriceVersion(PriceSpec):
     id: int
 
 
-def _price_fields() -> tuple[str, ...]:
-    return ("input_usd_per_mtok", "output_usd_per_mtok", *_MULTIPLIER_KEYS)
+@dataclass(frozen=True)
+class PriceChange:
+    """A new version as asked for: only the fields given (PRICE_FIELDS names).
+
+    What it leaves out comes from the version before it (the model's version in force at
+    effective_from), so a change of the input price keeps, say, the 24h class the model had;
+    a model's first version takes the default multipliers instead, and needs both prices.
+    """
+
+    model: str
+    effective_from: datetime
+    given: Mapping[str, Decimal | None]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.given) - set(PRICE_FIELDS)
+        if unknown:
+            raise PriceError(f"{self.model}: unknown price fields {sorted(unknown)}")
+        for name, value in self.given.items():
+            if value is None and name not in NULLABLE_FIELDS:
+                raise PriceError(f"{self.model}: {name} cannot be null")
+
+    def resolve(self, previous: PriceSpec | None) -> ResolvedPrice:
+        """The full version: the given fields, the rest carried over from `previous` (or defaulted)."""
+        values: dict[str, Decimal | None] = dict(self.given)
+        carried: list[str] = []
+        for name in PRICE_FIELDS:
+            if name in values:
+                continue
+            if previous is not None:
+                values[name] = getattr(previous, name)
+                carried.append(name)
+            elif name in DEFAULT_MULTIPLIERS:
+                values[name] = DEFAULT_MULTIPLIERS[name]
+            elif name not in NULLABLE_FIELDS:
+                raise PriceError(f"{self.model} has no earlier version to carry {name} over from; give it")
+        spec = PriceSpec(model=self.model, effective_from=self.effective_from, **values)  # type: ignore[arg-type]
+        return ResolvedPrice(spec=spec, carried_over=tuple(carried))
+
+
+@dataclass(frozen=True)
+class ResolvedPrice:
+    spec: PriceSpec
+    carried_over: tuple[str, ...]
+    """The PRICE_FIELDS taken from the previous version, in PRICE_FIELDS order."""
 
 
 def _rate(model: str, what: str, usd_per_mtok: Decimal) -> int:

@@ -1,8 +1,8 @@
-"""Reading the ledger for people: filtered usage lists and summaries by day, model or key."""
+"""Reading the ledger for people: filtered usage lists, and summaries by any of day, model and key."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -14,10 +14,12 @@ from billing.csv_export import UsageRow
 from billing.errors import BillingDomainError
 from billing.ledger import TOKEN_COLUMNS
 from billing.models import LedgerEntry
+from kvgate.tenancy import ApiKey
 from kvgate.usage import EntryKind, TokenCounts
 
 GroupBy = Literal["day", "model", "key"]
 GROUP_BYS: tuple[GroupBy, ...] = ("day", "model", "key")
+"""A summary groups by any of these at once, in this order (day first, then model, then key)."""
 
 
 class UsageQueryError(BillingDomainError, ValueError):
@@ -58,11 +60,29 @@ class UsageFilter:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    key: str | None
+    """Usage summed over one group; the fields not grouped by are None.
+
+    api_key_name is the key's name (None for requests made without a key)."""
+
+    day: str | None
+    model: str | None
+    api_key_id: str | None
+    api_key_name: str | None
     requests: int
     counts: TokenCounts
     cost_pico: int
     uncached_cost_pico: int
+
+    @property
+    def saved_pico(self) -> int:
+        """What the cache saved: the cost without caching less the cost paid."""
+        return self.uncached_cost_pico - self.cost_pico
+
+    @property
+    def hit_rate(self) -> float | None:
+        """cache_read / all prompt tokens (input + writes + reads); None when there were none."""
+        prompt = self.counts.prompt_tokens
+        return None if prompt <= 0 else self.counts.cache_read / prompt
 
 
 def to_row(entry: LedgerEntry) -> UsageRow:
@@ -100,32 +120,64 @@ def _day(session: AsyncSession):  # type: ignore[no-untyped-def]
     return func.substr(LedgerEntry.started_at, 1, 10)
 
 
-async def summarize(*, session: AsyncSession, where: UsageFilter, group_by: GroupBy) -> list[SummaryRow]:
-    if group_by not in GROUP_BYS:
-        raise UsageQueryError(f"group_by must be one of {', '.join(GROUP_BYS)}")
-    key = {"day": _day(session), "model": LedgerEntry.model, "key": LedgerEntry.api_key_id}[group_by].label("key")
+async def key_names(*, session: AsyncSession, key_ids: Iterable[str | None]) -> dict[str, str]:
+    """The names of these API keys, by id (ids of deleted keys are left out)."""
+    wanted = {k for k in key_ids if k is not None}
+    if not wanted:
+        return {}
+    rows = await session.execute(select(ApiKey.id, ApiKey.name).where(ApiKey.id.in_(wanted)))
+    return {key_id: name for key_id, name in rows.all()}
+
+
+def check_group_by(group_by: Sequence[str]) -> tuple[GroupBy, ...]:
+    """The group-bys in canonical order, once each; UsageQueryError for an unknown one or none."""
+    unknown = [g for g in group_by if g not in GROUP_BYS]
+    if unknown or not group_by:
+        raise UsageQueryError(f"group_by must be among {', '.join(GROUP_BYS)}, got {', '.join(unknown) or 'none'}")
+    return tuple(g for g in GROUP_BYS if g in group_by)
+
+
+async def summarize(*, session: AsyncSession, where: UsageFilter, group_by: Sequence[str]) -> list[SummaryRow]:
+    """Usage summed per group of `group_by` (any of day, model, key), ordered by the groups."""
+    groups = check_group_by(group_by)
+    columns = {
+        "day": _day(session).label("day"),
+        "model": LedgerEntry.model.label("model"),
+        "key": LedgerEntry.api_key_id.label("api_key_id"),
+    }
+    keys = [columns[g] for g in groups]
+    if "key" in groups:
+        # The key's name beside its id (grouped too: PostgreSQL wants every selected column grouped).
+        keys.append(ApiKey.name.label("api_key_name"))
     sums = [func.sum(column) for column in TOKEN_COLUMNS]
-    query = (
-        where.apply(
-            select(
-                key,
-                func.count().filter(LedgerEntry.kind == EntryKind.USAGE)
-                - func.count().filter(LedgerEntry.kind == EntryKind.REVERSAL),
-                *sums,
-                func.sum(LedgerEntry.cost_pico),
-                func.sum(LedgerEntry.uncached_cost_pico),
+    query = where.apply(
+        select(
+            *keys,
+            func.count().filter(LedgerEntry.kind == EntryKind.USAGE)
+            - func.count().filter(LedgerEntry.kind == EntryKind.REVERSAL),
+            *sums,
+            func.sum(LedgerEntry.cost_pico),
+            func.sum(LedgerEntry.uncached_cost_pico),
+        )
+    )
+    if "key" in groups:
+        query = query.outerjoin(ApiKey, ApiKey.id == LedgerEntry.api_key_id)
+    # Requests without a key last, on both backends (SQLite sorts NULL first, PostgreSQL last).
+    query = query.group_by(*keys).order_by(*(k.nulls_last() for k in keys))
+    rows = []
+    for row in (await session.execute(query)).all():
+        found = row._mapping
+        n = len(keys)
+        rows.append(
+            SummaryRow(
+                day=found.get("day"),
+                model=found.get("model"),
+                api_key_id=found.get("api_key_id"),
+                api_key_name=found.get("api_key_name"),
+                requests=int(row[n]),
+                counts=TokenCounts(*(int(v) for v in row[n + 1 : n + 1 + len(sums)])),
+                cost_pico=int(row[n + 1 + len(sums)]),
+                uncached_cost_pico=int(row[n + 2 + len(sums)]),
             )
         )
-        .group_by(key)
-        .order_by(key)
-    )
-    return [
-        SummaryRow(
-            key=row[0],
-            requests=int(row[1]),
-            counts=TokenCounts(*(int(v) for v in row[2 : 2 + len(sums)])),
-            cost_pico=int(row[2 + len(sums)]),
-            uncached_cost_pico=int(row[3 + len(sums)]),
-        )
-        for row in (await session.execute(query)).all()
-    ]
+    return rows

@@ -33,7 +33,6 @@ import typer
 from billing import cli as billing_cli
 from gateway import cli as gateway_cli
 from inference import cli as inference_cli
-from kvgate.cli_argparse import add_argparse_commands
 from kvgate.cli_database import set_verbose
 from kvgate.cli_errors import UserErrorGroup
 from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
@@ -86,8 +85,7 @@ def build_app() -> typer.Typer:
     app.callback()(_root)
     inference_cli.register(app)
     gateway_cli.register(app, app_factory=_create_app, banners=(web_cli.serve_banner,))
-    # billing/cli is still argparse; its move to typer replaces this bridge with billing_cli.register(app).
-    add_argparse_commands(app, billing_cli.register)
+    billing_cli.register(app)
     web_cli.register(app)
     app.command("config")(config)
     return app

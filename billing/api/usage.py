@@ -12,7 +12,7 @@ from billing import operations
 from billing.api.deps import MAX_ID, ServiceDep, SessionDep, UsageFilters
 from billing.csv_export import iter_csv
 from billing.schemas import ReverseIn, ReverseOut, SummaryList, SummaryOut, UsageList, UsageOut
-from billing.usage_queries import iter_usage, list_usage, summarize
+from billing.usage_queries import check_group_by, iter_usage, list_usage, summarize
 
 router = APIRouter()
 
@@ -43,10 +43,18 @@ async def export_usage(service: ServiceDep, where: UsageFilters) -> StreamingRes
 
 @router.get("/usage/summary", response_model=SummaryList)
 async def usage_summary(
-    session: SessionDep, where: UsageFilters, group_by: Literal["day", "model", "key"] = "day"
+    session: SessionDep,
+    where: UsageFilters,
+    group_by: Annotated[
+        list[Literal["day", "model", "key"]] | None,
+        Query(
+            description="day (the default), model or key; repeat to group by several, e.g. group_by=model&group_by=key"
+        ),
+    ] = None,
 ) -> SummaryList:
-    rows = await summarize(session=session, where=where, group_by=group_by)
-    return SummaryList(group_by=group_by, data=[SummaryOut.of(r) for r in rows])
+    groups = check_group_by(group_by or ["day"])
+    rows = await summarize(session=session, where=where, group_by=groups)
+    return SummaryList(group_by=list(groups), data=[SummaryOut.of(r) for r in rows])
 
 
 @router.post("/usage/{request_id}/reverse", response_model=ReverseOut)

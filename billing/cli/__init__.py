@@ -1,17 +1,23 @@
 """`kvgate prices|usage|invoices|credit-notes|billing-profile|budgets|credits|spool`: billing on the database.
 
-Like `kvgate tenants`, these migrate the database first and need no running server.
-Amounts are USD decimal strings; lists print a table, or JSON with --json.
-One module per resource, each with its own `register`; `common` holds what they share.
+Like `kvgate tenants`, these need no running server. Commands that write migrate the database
+first (creating it if need be); commands that only read (list, show, summary, export, csv, pdf)
+refuse to create one. Amounts are USD decimal strings; every listing takes `--output table|json|csv`,
+its JSON and CSV named as the admin API's responses. One module per resource, each with its own
+`register`; `common` holds what they share.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import typer
 
 from billing.cli import billing_profiles, budgets, credit_notes, credits, invoices, prices, spool, usage
+from billing.stripe_sync import StripeSyncError
+from kvgate.cli_errors import add_user_errors
 
 
-def register(subparsers: Any) -> None:
+def register(app: typer.Typer) -> None:
+    # Stripe refusing a push is the data's state, not a bug: one line, exit 1.
+    add_user_errors(StripeSyncError)
     for module in (prices, usage, invoices, credit_notes, billing_profiles, budgets, credits, spool):
-        module.register(subparsers)
+        module.register(app)

@@ -2,75 +2,136 @@
 
 from __future__ import annotations
 
-import argparse
-from datetime import UTC, datetime
-from decimal import Decimal
+import sys
+from datetime import datetime
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+import typer
 
 from billing import catalog, operations
-from billing.cli.common import command, group, json_flag, print_json, table, when
-from billing.prices import PriceSpec
-from billing.schemas import PriceOut
+from billing.cli.common import ModelOption, run_billing
+from billing.prices import PRICE_FIELDS, PriceChange
+from billing.schemas import PriceOut, price_text
 from billing.service import BillingService
+from kvgate.cli_dates import FORMATS, parse_when
+from kvgate.cli_output import Column, OutputFormat, OutputOption, emit
+
+app = typer.Typer(help="the price catalog", no_args_is_help=True)
+
+# Prices and multipliers at fixed decimals, like money (a column shares one number of decimals).
+COLUMNS = [
+    "id",
+    "model",
+    "effective_from",
+    Column("input_usd_per_mtok", "input $/Mtok", money=True),
+    Column("output_usd_per_mtok", "output $/Mtok", money=True),
+    Column("cache_write_5m_multiplier", "write 5m x", money=True),
+    Column("cache_write_30m_multiplier", "write 30m x", money=True),
+    Column("cache_write_1h_multiplier", "write 1h x", money=True),
+    Column("cache_write_12h_multiplier", "write 12h x", money=True),
+    Column("cache_write_24h_multiplier", "write 24h x", money=True),
+    Column("cache_read_multiplier", "read x", money=True),
+]
 
 
-def register(subparsers: Any) -> None:
-    prices = group(subparsers, "prices", "the price catalog")
-    sub = prices.add_parser("list", help="price versions")
-    sub.add_argument("--model")
-    json_flag(sub).set_defaults(handler=command(_list))
-    sub = prices.add_parser("seed", help="load a TOML price file (idempotent; new prices become new versions)")
-    sub.add_argument("--file", type=Path, help="default KVGATE_PRICES_FILE or billing/prices.toml")
-    sub.set_defaults(handler=command(_seed, seed=False))
-    sub = prices.add_parser("add", help="add a price version (a change never edits an old version)")
-    sub.add_argument("model")
-    sub.add_argument("--effective-from", required=True, help="ISO 8601 with offset, e.g. 2026-04-01T00:00:00Z")
-    sub.add_argument("--input", required=True, help="USD per million input tokens")
-    sub.add_argument("--output", required=True, help="USD per million output tokens")
-    sub.add_argument("--cache-write-5m-multiplier", default="1.25")
-    sub.add_argument("--cache-write-1h-multiplier", default="2.0")
-    sub.add_argument("--cache-read-multiplier", default="0.1")
-    sub.add_argument("--cache-write-30m-multiplier", default="1.7")
-    sub.add_argument("--cache-write-12h-multiplier", default="5.0")
-    sub.add_argument("--cache-write-24h-multiplier", help="offer OpenAI-style 24h retention at this multiplier")
-    sub.set_defaults(handler=command(_add))
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="prices")
 
 
-async def _list(service: BillingService, args: argparse.Namespace) -> None:
-    async with service.sessions() as session:
-        versions = [PriceOut.of(v) for v in await catalog.list_versions(session=session, model=args.model)]
-    if args.json:
-        print_json(versions)
-        return
-    table(
-        [v.model_dump() for v in versions],
-        ["id", "model", "effective_from", "input_usd_per_mtok", "output_usd_per_mtok", "ttl_classes"],
-    )
+@app.command("list")
+def list_prices(model: ModelOption = None, output: OutputOption = OutputFormat.table) -> None:
+    """Price versions (USD per million tokens; cache multipliers apply to the input price)."""
+
+    async def load(service: BillingService) -> list[PriceOut]:
+        async with service.sessions() as session:
+            return [PriceOut.of(v) for v in await catalog.list_versions(session=session, model=model)]
+
+    emit(run_billing(load, write=False), fmt=output, columns=COLUMNS, model=PriceOut)
 
 
-async def _seed(service: BillingService, args: argparse.Namespace) -> None:
-    path = args.file or service.settings.prices_file
-    async with service.sessions() as session:
-        result = await operations.seed_prices(session=session, path=path)
-    print(f"{len(result.created)} new price versions, {result.unchanged} unchanged ({path})")
+@app.command("seed")
+def seed(
+    file: Annotated[Path | None, typer.Option(help="default KVGATE_PRICES_FILE or billing/prices.toml")] = None,
+) -> None:
+    """Load a TOML price file (idempotent; new prices become new versions)."""
+
+    async def action(service: BillingService) -> None:
+        path = file or service.settings.prices_file
+        async with service.sessions() as session:
+            result = await operations.seed_prices(session=session, path=path)
+        print(f"{len(result.created)} new price versions, {result.unchanged} unchanged ({path})")
+
+    run_billing(action, write=True, seed=False)
 
 
-async def _add(service: BillingService, args: argparse.Namespace) -> None:
-    spec = PriceSpec(
-        model=args.model,
-        effective_from=when(args.effective_from) or datetime.now(UTC),
-        input_usd_per_mtok=Decimal(args.input),
-        output_usd_per_mtok=Decimal(args.output),
-        cache_write_5m_multiplier=Decimal(args.cache_write_5m_multiplier),
-        cache_write_1h_multiplier=Decimal(args.cache_write_1h_multiplier),
-        cache_read_multiplier=Decimal(args.cache_read_multiplier),
-        cache_write_30m_multiplier=Decimal(args.cache_write_30m_multiplier),
-        cache_write_12h_multiplier=Decimal(args.cache_write_12h_multiplier),
-        cache_write_24h_multiplier=None
-        if args.cache_write_24h_multiplier is None
-        else Decimal(args.cache_write_24h_multiplier),
-    )
-    async with service.sessions() as session:
-        version = await operations.add_price(session=session, spec=spec, source="cli")
+def _decimal(text: str | None, name: str) -> Decimal | None:
+    if text is None or text.strip().lower() == "none":
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise ValueError(f"--{name.replace('_', '-')}: not a decimal: {text!r}") from None
+    return value
+
+
+def _option(name: str, text: str) -> Any:
+    flag = "--" + name.removesuffix("_usd_per_mtok").replace("_", "-")
+    return typer.Option(flag, metavar="DECIMAL", help=text)
+
+
+PriceOption = Annotated[str | None, _option("input_usd_per_mtok", "USD per million input tokens")]
+OutputPriceOption = Annotated[str | None, _option("output_usd_per_mtok", "USD per million output tokens")]
+_MULTIPLIER_HELP = "multiplier on the input price"
+
+
+@app.command("add")
+def add(
+    model: Annotated[str, typer.Argument(help="the model's name ('*' prices every model without its own)")],
+    effective_from: Annotated[
+        datetime, typer.Option("--effective-from", parser=parse_when, metavar="WHEN", help=FORMATS)
+    ],
+    input_usd_per_mtok: PriceOption = None,
+    output_usd_per_mtok: OutputPriceOption = None,
+    cache_write_5m_multiplier: Annotated[str | None, _option("cache_write_5m_multiplier", _MULTIPLIER_HELP)] = None,
+    cache_write_30m_multiplier: Annotated[str | None, _option("cache_write_30m_multiplier", _MULTIPLIER_HELP)] = None,
+    cache_write_1h_multiplier: Annotated[str | None, _option("cache_write_1h_multiplier", _MULTIPLIER_HELP)] = None,
+    cache_write_12h_multiplier: Annotated[str | None, _option("cache_write_12h_multiplier", _MULTIPLIER_HELP)] = None,
+    cache_write_24h_multiplier: Annotated[
+        str | None, _option("cache_write_24h_multiplier", "offer 24h retention at this multiplier; 'none' stops it")
+    ] = None,
+    cache_read_multiplier: Annotated[str | None, _option("cache_read_multiplier", _MULTIPLIER_HELP)] = None,
+) -> None:
+    """Add a price version (a change never edits an old one).
+
+    What it does not set is carried over from the model's version before it, with a warning naming
+    those fields; a model's first version needs --input and --output and takes the default multipliers.
+    (--output here is the output price: this command prints one version, not a listing.)
+    """
+    texts = {
+        "input_usd_per_mtok": input_usd_per_mtok,
+        "output_usd_per_mtok": output_usd_per_mtok,
+        "cache_write_5m_multiplier": cache_write_5m_multiplier,
+        "cache_write_30m_multiplier": cache_write_30m_multiplier,
+        "cache_write_1h_multiplier": cache_write_1h_multiplier,
+        "cache_write_12h_multiplier": cache_write_12h_multiplier,
+        "cache_write_24h_multiplier": cache_write_24h_multiplier,
+        "cache_read_multiplier": cache_read_multiplier,
+    }
+    assert set(texts) == set(PRICE_FIELDS)
+    given = {name: _decimal(text, name) for name, text in texts.items() if text is not None}
+    change = PriceChange(model=model, effective_from=effective_from, given=given)
+
+    async def action(service: BillingService) -> operations.AddedPrice:
+        async with service.sessions() as session:
+            return await operations.add_price(session=session, change=change, source="cli")
+
+    added = run_billing(action, write=True)
+    if added.carried_over:
+        version = added.version
+        carried = ", ".join(f"{name}={price_text(getattr(version, name))}" for name in added.carried_over)
+        print(f"warning: carried over from price version {added.carried_from}: {carried}", file=sys.stderr)
+    version = added.version
     print(f"price version {version.id}: {version.model} from {version.effective_from.isoformat()}")
+    emit([PriceOut.of(version)], fmt=OutputFormat.table, columns=COLUMNS)

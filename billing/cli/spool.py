@@ -2,25 +2,37 @@
 
 from __future__ import annotations
 
-import argparse
-from typing import Any
+import typer
 
-from billing.cli.common import command, group
+from billing.cli.common import run_billing
 from billing.service import BillingService
 
-
-def register(subparsers: Any) -> None:
-    spool = group(subparsers, "spool", "usage spooled while the database was away")
-    spool.add_parser("status", help="records waiting").set_defaults(handler=command(_status))
-    spool.add_parser("replay", help="replay them now (exactly once)").set_defaults(handler=command(_replay))
+app = typer.Typer(help="usage spooled while the database was away", no_args_is_help=True)
 
 
-async def _status(service: BillingService, args: argparse.Namespace) -> None:
-    print(f"{service.spool.pending()} records waiting in {service.spool.path}")
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="spool")
 
 
-async def _replay(service: BillingService, args: argparse.Namespace) -> None:
-    result = await service.replay_spool()
-    print(
-        f"replayed {result.records} records from {result.files} files: {result.applied} new, {result.corrupt} corrupt"
-    )
+@app.command("status")
+def status() -> None:
+    """Records waiting."""
+
+    async def action(service: BillingService) -> None:
+        print(f"{service.spool.pending()} records waiting in {service.spool.path}")
+
+    run_billing(action, write=False)
+
+
+@app.command("replay")
+def replay() -> None:
+    """Replay them now (exactly once)."""
+
+    async def action(service: BillingService) -> None:
+        result = await service.replay_spool()
+        print(
+            f"replayed {result.records} records from {result.files} files: "
+            f"{result.applied} new, {result.corrupt} corrupt"
+        )
+
+    run_billing(action, write=True)

@@ -106,7 +106,7 @@ async def test_summaries_and_csv_add_up(api, sessions, pricebook):
         assert sum(Decimal(row["cost_usd"]) for row in data) == Decimal(expected).scaleb(-12)
         assert sum(row["cache_read_tokens"] for row in data) == sum(c.counts.cache_read for c in charges)
     day = (await api.get("/admin/v1/usage/summary", params={"tenant_id": tenant, "group_by": "day"})).json()["data"]
-    assert day[0]["key"] == "2026-03-01"
+    assert day[0]["day"] == "2026-03-01" and day[0]["model"] is None
     r = await api.get("/admin/v1/usage/export.csv", params={"tenant_id": tenant})
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(r.text)))
@@ -186,7 +186,7 @@ async def test_budget_credit_price_and_reversal_routes(api, sessions):
         "output_usd_per_mtok": "1.2",
     }
     r = await api.post("/admin/v1/prices", json=price)
-    assert r.status_code == 201 and r.json()["input_usd_per_mtok"] == "0.3"
+    assert r.status_code == 201 and r.json()["input_usd_per_mtok"] == "0.30"
     assert (await api.post("/admin/v1/prices", json=price)).status_code == 409
     assert api.service.price_for(f"p-{tenant}", datetime(2026, 7, 1, tzinfo=UTC)).id == r.json()["id"]
     r = await api.post("/admin/v1/prices", json={**price, "input_usd_per_mtok": "0.00001"})

@@ -142,7 +142,7 @@ def test_cli_sets_and_shows_a_profile(tmp_path, monkeypatch, capsys):
     argv += ["--city", "Köln", "--postal-code", "50667", "--country", "DE", "--tax", "standard", "--tax-rate", "19"]
     assert main(argv) == 0
     capsys.readouterr()
-    assert main(["billing-profile", "show", "ten_cli"]) == 0
+    assert main(["billing-profile", "show", "ten_cli", "-o", "json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["legal_name"] == "CLI GmbH" and shown["tax"] == {
         "treatment": "standard",
