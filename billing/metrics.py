@@ -18,9 +18,10 @@ from collections.abc import Iterable
 from prometheus_client import Counter
 from prometheus_client.metrics_core import Metric
 
+from billing.ledger import UsageCharge
 from billing.money import PICO_PER_USD
 from billing.prices import PriceSpec
-from kvgate.usage import TokenCounts
+from billing.settlement import Settlement
 
 REPLAY_OUTCOMES = ("applied", "duplicate", "rejected")
 
@@ -63,18 +64,17 @@ class BillingMetrics:
         for outcome in REPLAY_OUTCOMES:  # every series from the start, at 0
             self.replayed.labels(outcome)
 
-    def settled(self, *, tenant_id: str, counts: TokenCounts, price: PriceSpec, cost_pico: int, inserted: bool) -> None:
-        """One usage settlement: a new ledger entry costing `cost_pico` for `counts`, or (not `inserted`)
-        a repeat of one already there."""
-        if not inserted:
+    def settled(self, charge: UsageCharge, price: PriceSpec, settlement: Settlement) -> None:
+        """One committed usage settlement of `charge` at `price`: a new ledger entry, or a repeat of one."""
+        if not settlement.inserted:
             self.duplicates.inc()
             return
         spend, savings = self._spend, self._savings
         if self.tenant_label:
-            spend, savings = spend.labels(tenant_id), savings.labels(tenant_id)
-        # Floats only here, at the edge: the amounts themselves are exact integers.
-        spend.inc(cost_pico / PICO_PER_USD)
-        savings.inc(price.read_savings_pico(counts) / PICO_PER_USD)
+            spend, savings = spend.labels(charge.tenant_id), savings.labels(charge.tenant_id)
+        # Floats only here, at the edge: the amounts themselves are exact integers (the entry's cost).
+        spend.inc(settlement.cost_pico / PICO_PER_USD)
+        savings.inc(price.read_savings_pico(charge.counts) / PICO_PER_USD)
 
     def collect(self) -> Iterable[Metric]:
         for counter in (self.spooled, self.replayed, self.fail_open, self.duplicates, self._spend, self._savings):

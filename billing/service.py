@@ -250,7 +250,7 @@ class BillingService:
                     raise
             else:
                 self.health.succeeded()
-                self._count_settled(charge, version, settlement)
+                self.metrics.settled(charge, version, settlement)
                 self.outage.settled(request_id=charge.request_id, cost_pico=settlement.cost_pico)
                 return SettleOutcome(
                     cost_pico=settlement.cost_pico,
@@ -332,19 +332,10 @@ class BillingService:
                 settled.append((charge, version, settlement))
             await session.commit()
         for charge, version, settlement in settled:  # committed: now they count
-            self._count_settled(charge, version, settlement)
+            self.metrics.settled(charge, version, settlement)
         self.metrics.replayed.labels(outcome="applied").inc(applied)
         self.metrics.replayed.labels(outcome="duplicate").inc(len(records) - applied)
         return applied
-
-    def _count_settled(self, charge: UsageCharge, version: PriceVersion, settlement: Settlement) -> None:
-        self.metrics.settled(
-            tenant_id=charge.tenant_id,
-            counts=charge.counts,
-            price=version,
-            cost_pico=settlement.cost_pico,
-            inserted=settlement.inserted,
-        )
 
     async def _version_by_id(self, version_id: int) -> PriceVersion:
         try:
