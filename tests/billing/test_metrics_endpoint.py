@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from fastapi.routing import iter_route_contexts
+from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
@@ -154,6 +155,8 @@ def test_the_documented_metrics_are_exactly_the_served_ones(server: GatewayServe
     assert scrape.families == documented_metrics()
     assert "_created" not in scrape.text
     assert "kvgate:gateway_requests_total{" in scrape.text  # counters are there, without their _created twin
+    # Nothing of ours in prometheus_client's process-wide registry (which /metrics does not serve).
+    assert not [m.name for m in REGISTRY.collect() if m.name.startswith(("kvgate", "vllm"))]
 
 
 async def test_a_usage_record_settled_again_after_a_crash_is_a_duplicate(
