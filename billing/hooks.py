@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import catalog
 from billing.ledger import UsageCharge
+from billing.metrics import BillingMetrics
 from billing.money import pico_to_usd
 from billing.pricebook import PriceBook
 from billing.prices import load_price_file
@@ -71,6 +72,11 @@ class GatewayBilling:
             with contextlib.suppress(Exception):
                 await self._upkeep
             self._upkeep = None
+
+    @property
+    def metrics(self) -> BillingMetrics:
+        """Billing's counters, for the gateway to serve on /metrics (gateway.billing_hooks)."""
+        return self.service.metrics
 
     async def admit(self, admission: Admission) -> None:
         # A refusal is a BudgetExceededError: a BillingError the gateway renders (402, or 429 on OpenAI's API).

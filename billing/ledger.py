@@ -2,7 +2,7 @@
 
 Writing is insert-or-ignore on the unique (request_id, kind), so the same usage
 sent twice (a retry, a spool replay after a partial success) is one entry and the
-repeat is counted, never added.
+repeat is reported (RecordResult.inserted false), never added; the billing service counts it.
 """
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import date, datetime
 
-from prometheus_client import Counter
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -25,12 +24,6 @@ from kvgate.usage import EntryKind, TokenCounts
 
 # The entry's token columns in TokenCounts' field order, so their sums make TokenCounts(*sums).
 TOKEN_COLUMNS = tuple(getattr(LedgerEntry, column) for column in TokenCounts().as_columns())
-
-DUPLICATES = Counter(
-    "kvgate_billing_duplicate_usage_total",
-    "Usage records whose request id was already in the ledger",
-    ["kind"],
-)
 
 
 class LedgerError(BillingDomainError, ValueError):
@@ -120,7 +113,6 @@ async def record_usage(
     now = now or utcnow()
     existing = await _find(session, charge.request_id, EntryKind.USAGE)
     if existing is not None:
-        DUPLICATES.labels(kind=EntryKind.USAGE).inc()
         return _result(existing, inserted=False)
     billing_month = await billing_month_for(
         session=session, tenant_id=charge.tenant_id, started_at=charge.started_at, now=now
@@ -151,9 +143,7 @@ async def record_usage(
         await usage_rollups.add_entry(session, values)
     entry = await _find(session, charge.request_id, EntryKind.USAGE)
     assert entry is not None
-    if not inserted:  # a concurrent writer got there first
-        DUPLICATES.labels(kind=EntryKind.USAGE).inc()
-    return _result(entry, inserted=inserted)
+    return _result(entry, inserted=inserted)  # not inserted: a concurrent writer got there first
 
 
 async def reverse_usage(
@@ -166,7 +156,6 @@ async def reverse_usage(
         raise UsageEntryNotFoundError(f"no usage entry for request {request_id!r}")
     existing = await _find(session, request_id, EntryKind.REVERSAL)
     if existing is not None:
-        DUPLICATES.labels(kind=EntryKind.REVERSAL).inc()
         return _result(existing, inserted=False)
     billing_month = await billing_month_for(
         session=session, tenant_id=original.tenant_id, started_at=original.started_at, now=now

@@ -144,6 +144,11 @@ class PriceSpec:
         """What the same request would cost with no prompt cache: every prompt token as input."""
         return counts.prompt_tokens * self.rates.input + counts.output * self.rates.output
 
+    def read_savings_pico(self, counts: TokenCounts) -> int:
+        """What the request's cache reads saved: those tokens at the input rate, less their read rate
+        (the dashboard's read savings). Never negative: a catalog pricing reads above input saves nothing."""
+        return max(0, counts.cache_read * (self.rates.input - self.rates.cache_read))
+
 
 @dataclass(frozen=True, kw_only=True)
 class PriceVersion(PriceSpec):

@@ -15,19 +15,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
-from prometheus_client import Counter
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import budgets, catalog, invoices, spool_records
 from billing.budgets import BudgetExceededError, Reservation
 from billing.finalization import finalize_due
 from billing.ledger import UsageCharge
+from billing.metrics import BillingMetrics
 from billing.outage_budgets import BudgetUnknownError, OutageBudgets
 from billing.periods import month_start
 from billing.pricebook import NoPriceError, PriceBook
 from billing.prices import PriceVersion
 from billing.settings import BillingSettings
-from billing.settlement import settle_charge
+from billing.settlement import Settlement, settle_charge
 from billing.spool import ReplayResult, Spool
 from kvgate.db import insert_ignore, utcnow
 from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
@@ -37,12 +37,6 @@ from kvgate.usage import TTL_CLASSES
 __all__ = ["BillingService", "BudgetUnavailableError", "SettleOutcome", "is_database_unavailable"]
 
 log = structlog.get_logger(__name__)
-
-SPOOLED = Counter("kvgate_billing_spooled_total", "Settlements written to the local spool (database unavailable)")
-REPLAYED = Counter("kvgate_billing_replayed_total", "Spooled settlements replayed into the ledger", ["outcome"])
-FAIL_OPEN = Counter(
-    "kvgate_billing_admit_fail_open_total", "Requests admitted from the in-memory budgets (database unavailable)"
-)
 
 
 class BudgetUnavailableError(Exception):
@@ -76,6 +70,8 @@ class BillingService:
         # Shared with the gateway when both use one session factory: one view of the outage.
         self.health = health or health_of(sessions)
         self.outage = OutageBudgets()
+        # This service's counters, served on /metrics by the app that uses it (billing.metrics).
+        self.metrics = BillingMetrics(tenant_label=settings.metrics_tenant_label)
         # Releases the database could not take (the engine refused a request during an outage).
         self._deferred_releases: set[str] = set()
 
@@ -182,7 +178,7 @@ class BillingService:
             )
         except BudgetUnknownError as exc:
             raise BudgetUnavailableError(str(exc)) from exc
-        FAIL_OPEN.inc()
+        self.metrics.fail_open.inc()
         log.debug("billing.admitted_from_memory", request_id=request_id, tenant_id=tenant_id)
         return None
 
@@ -254,6 +250,7 @@ class BillingService:
                     raise
             else:
                 self.health.succeeded()
+                self.metrics.settled(charge, version, settlement)
                 self.outage.settled(request_id=charge.request_id, cost_pico=settlement.cost_pico)
                 return SettleOutcome(
                     cost_pico=settlement.cost_pico,
@@ -262,7 +259,7 @@ class BillingService:
                     duplicate=not settlement.inserted,
                 )
         await asyncio.to_thread(self.spool.append, spool_records.spool_record(charge, version))
-        SPOOLED.inc()
+        self.metrics.spooled.inc()
         cost = version.cost_pico(charge.counts)
         self.outage.spooled(request_id=charge.request_id, cost_pico=cost)
         log.debug("billing.settlement_spooled", request_id=charge.request_id)
@@ -281,7 +278,7 @@ class BillingService:
         version = self.price_for(charge.model, charge.started_at)
         record = {**spool_records.spool_record(charge, version), "usage_record": spool_records.jsonable(usage_record)}
         await asyncio.to_thread(self.spool.append, record)
-        SPOOLED.inc()
+        self.metrics.spooled.inc()
         outcome = self.quote(charge)
         self.outage.spooled(request_id=charge.request_id, cost_pico=outcome.cost_pico)
         return outcome
@@ -311,12 +308,13 @@ class BillingService:
             if len(records) > 1:  # isolate the bad record(s), apply the rest
                 return sum([await self._apply_spooled([record]) for record in records])
             await asyncio.to_thread(self.spool.set_aside, records, repr(error))
-            REPLAYED.labels(outcome="rejected").inc()
+            self.metrics.replayed.labels(outcome="rejected").inc()
             log.error("billing.spool_record_rejected", record=records[0], error=repr(error))
             return 0
 
     async def _apply_batch(self, records: list[dict[str, Any]]) -> int:
         applied = 0
+        settled: list[tuple[UsageCharge, PriceVersion, Settlement]] = []
         async with self.sessions() as session:
             for record in records:
                 charge, version_id = spool_records.parse_spool_record(record)
@@ -331,9 +329,12 @@ class BillingService:
                     session=session, charge=charge, version=version, source="spool", now=self._clock()
                 )
                 applied += settlement.inserted
+                settled.append((charge, version, settlement))
             await session.commit()
-        REPLAYED.labels(outcome="applied").inc(applied)
-        REPLAYED.labels(outcome="duplicate").inc(len(records) - applied)
+        for charge, version, settlement in settled:  # committed: now they count
+            self.metrics.settled(charge, version, settlement)
+        self.metrics.replayed.labels(outcome="applied").inc(applied)
+        self.metrics.replayed.labels(outcome="duplicate").inc(len(records) - applied)
         return applied
 
     async def _version_by_id(self, version_id: int) -> PriceVersion:

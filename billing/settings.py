@@ -62,6 +62,11 @@ class BillingSettings(BaseSettings):
         description="While the database cannot be reached, admit requests within each tenant's last-known "
         "budget, counting their spend in memory (usage is spooled); false: refuse them (529/503, retry-after).",
     )
+    metrics_tenant_label: bool = Field(
+        True,
+        description="Label kvgate_spend_usd_total and kvgate_cache_savings_usd_total on /metrics by tenant; "
+        "false: one series each, for deployments with many tenants.",
+    )
     stripe_api_key: SecretStr | None = Field(
         None,
         validation_alias=AliasChoices("STRIPE_API_KEY", "KVGATE_STRIPE_API_KEY"),

@@ -16,9 +16,11 @@ from fastapi import APIRouter, FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.api.deps import AdminDep, require_scope
+from gateway.api.docs import install_docs
 from gateway.api.errors import install_error_handlers
 from gateway.api.main import api_router
 from gateway.api.middleware import RequestContextMiddleware
+from gateway.api.route_templates import RouteTemplates
 from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
 from gateway.backends.base import EngineClient
@@ -56,6 +58,16 @@ def _build_billing(
     if billing_factory is None:
         return NoBilling()
     return billing_factory(sessions=sessions, settings=settings)
+
+
+def _metrics(app: FastAPI, engine: EngineClient, hooks: BillingHooks) -> GatewayMetrics:
+    """The app's one registry: the gateway's and the engine's metrics, and billing's when its hooks have some."""
+    billing_metrics = getattr(hooks, "metrics", None)
+    return GatewayMetrics(
+        engine,
+        routes=RouteTemplates(app.routes),  # every router is included by now
+        collectors=[billing_metrics] if billing_metrics is not None else [],
+    )
 
 
 async def recover_after_crash(
@@ -165,7 +177,7 @@ def create_app(
             secret=secret,
             admin=admin,
             auth_cache=PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s),
-            metrics=GatewayMetrics(engine),
+            metrics=_metrics(app, engine, hooks),
             db_health=health_of(db),
             prep=prep,
             workers=workers,
@@ -212,11 +224,14 @@ def create_app(
         version=__version__,
         description="A multi-tenant prompt-caching LLM gateway: Anthropic Messages and OpenAI Chat Completions.",
         lifespan=lifespan,
-        # The schema maps every route and field; it is served only when asked for.
-        docs_url="/docs" if settings.expose_docs else None,
-        redoc_url="/redoc" if settings.expose_docs else None,
+        # The schema maps every route and field; it is served only when asked for, and its pages
+        # with our own copy of their assets (gateway.api.docs), never FastAPI's CDN ones.
+        docs_url=None,
+        redoc_url=None,
         openapi_url="/openapi.json" if settings.expose_docs else None,
     )
+    if settings.expose_docs:
+        install_docs(app)
     app.include_router(api_router)
     for router in admin_routers:
         app.include_router(router, prefix="/admin/v1", dependencies=[AdminDep])

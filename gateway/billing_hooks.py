@@ -3,9 +3,11 @@
 app.state.gateway.billing holds an object with this shape; the default admits
 everything and settles nothing. Billing installs its own (see docs/architecture.md).
 
-Two optional methods are used when present: wrap_recorder(recorder) -> UsageRecorder
-(to put billing's own handling around usage records) and aclose() (called at
-shutdown, after in-flight requests have finished).
+Optional members are used when present: wrap_recorder(recorder) -> UsageRecorder
+(to put billing's own handling around usage records), aclose() (called at
+shutdown, after in-flight requests have finished), and `metrics`, a prometheus_client
+collector (an object with collect()) that the app registers in its own registry, so that
+/metrics serves billing's counters with the gateway's (gateway.metrics).
 """
 
 from __future__ import annotations

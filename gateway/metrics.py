@@ -1,19 +1,30 @@
 """Prometheus metrics of the gateway: requests by route and status, latency, and the tokens it billed.
 
-The engine's own metrics (vLLM-named: prefix-cache queries and hits, pool occupancy,
-queues, TTFT, tiers) are served alongside, from the same scrape: inference.metrics renders
-them from the engine client's stats() snapshot and the outputs of finished requests.
-Labels are bounded: routes are the app's route templates, never raw paths, and no label
-names a tenant or a key.
+One registry per app (per GatewayMetrics, built in the app's lifespan) holds everything
+/metrics serves: the gateway's own counters; the engine's (vLLM-named: prefix-cache queries
+and hits, pool occupancy, queues, TTFT, tiers), which inference.metrics reads from the engine
+client's stats() snapshot and the outputs of finished requests; and the billing hooks'
+collector when they have one (billing's counters, spend and savings; see
+gateway.billing_hooks). Nothing goes to prometheus_client's process-wide default registry, so
+apps built side by side in one process (tests) count apart. `_created` series are not
+rendered (kvgate.metrics_text).
+
+Labels are bounded: routes are the app's full route templates, never raw paths, and no
+gateway label names a tenant or a key.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.registry import Collector
+from starlette.routing import BaseRoute
 
+from gateway.api.route_templates import RouteTemplates
 from inference.metrics import EngineMetrics
+from kvgate.metrics_text import render_text
 
 if TYPE_CHECKING:
     from gateway.backends.base import EngineClient
@@ -25,9 +36,16 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class GatewayMetrics:
-    """observe_request() for every HTTP request, observe_usage() for every usage record; render() for /metrics."""
+    """observe_request() for every HTTP request, observe_usage() for every usage record; render() for /metrics.
 
-    def __init__(self, engine: EngineClient) -> None:
+    `routes` gives each request's route its full template (route_label); `collectors` (billing's)
+    are registered in the same registry and rendered with the rest.
+    """
+
+    def __init__(
+        self, engine: EngineClient, *, routes: RouteTemplates | None = None, collectors: Iterable[Collector] = ()
+    ) -> None:
+        self.routes = routes or RouteTemplates(())
         self.registry = CollectorRegistry(auto_describe=False)
         self._requests = Counter(
             "kvgate:gateway_requests", "HTTP requests, by route and status code.", ["route", "status"],
@@ -48,7 +66,13 @@ class GatewayMetrics:
             "kvgate:gateway_usage_records", "Usage records, by model and status.", ["model", "status"],
             registry=self.registry,
         )  # fmt: skip
-        self.engine_metrics = EngineMetrics(engine)
+        self.engine_metrics = EngineMetrics(engine, registry=self.registry)
+        for collector in collectors:
+            self.registry.register(collector)
+
+    def route_label(self, route: BaseRoute | None, path: str) -> str:
+        """The `route` label of a request to `path` that `route` served (None: no route matched)."""
+        return self.routes.label(route, path)
 
     def observe_request(self, *, route: str, status: int, seconds: float) -> None:
         self._requests.labels(route, str(status)).inc()
@@ -65,5 +89,4 @@ class GatewayMetrics:
             self.engine_metrics.record(output)
 
     def render(self) -> tuple[bytes, str]:
-        body = generate_latest(self.registry) + self.engine_metrics.render()[0]
-        return body, CONTENT_TYPE_LATEST
+        return render_text(self.registry)

@@ -54,7 +54,9 @@ class GatewaySettings(KvgateSettings):
     )
     log_level: str = Field("INFO", description="Log level; logs are JSON lines when stderr is not a terminal.")
     expose_docs: bool = Field(
-        False, description="Serve the API docs and schema at /docs, /redoc and /openapi.json (off: 404)."
+        False,
+        description="Serve the API docs and schema at /docs, /redoc and /openapi.json, with self-hosted "
+        "assets (off: 404).",
     )
     inflight_journal: bool = Field(
         True,

@@ -2,8 +2,10 @@
 
 Engine state (cache counters, pool occupancy, queue lengths) is read when scraped, from
 the engine's stats() snapshot (inference.stats), rather than mirrored, so it cannot drift.
-Each EngineMetrics has a registry of its own, so several engines (in tests, or replicas
-in one process) never clash.
+The engine server gives each EngineMetrics a registry of its own, so several engines (in
+tests, or replicas in one process) never clash; the gateway registers it in its app's one
+registry instead, beside its own and billing's metrics. `_created` series are not rendered
+(kvgate.metrics_text).
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Protocol
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from inference.stats import EngineStats
 from inference.types import RequestOutput
+from kvgate.metrics_text import render_text
 
 # vLLM's TTFT buckets, so histograms from both can be compared bucket for bucket.
 TTFT_BUCKETS = (
@@ -39,11 +42,14 @@ class StatsSource(Protocol):
 
 
 class EngineMetrics:
-    """The engine's metrics; record() each finished request, render() for /metrics."""
+    """The engine's metrics; record() each finished request, render() for /metrics.
 
-    def __init__(self, engine: StatsSource) -> None:
+    They are registered in `registry` (the gateway's), or in a registry of their own.
+    """
+
+    def __init__(self, engine: StatsSource, *, registry: CollectorRegistry | None = None) -> None:
         self.engine = engine
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         labels = ["model_name"]
         # Unregistered: collect() yields them after the engine's own state.
         self._ttft = Histogram(
@@ -77,7 +83,7 @@ class EngineMetrics:
             self._ttft.labels(model).observe(output.ttft_s)
 
     def render(self) -> tuple[bytes, str]:
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return render_text(self.registry)
 
     def collect(self) -> Iterator[Metric]:
         stats = self.engine.stats()

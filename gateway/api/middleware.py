@@ -68,8 +68,8 @@ def new_request_id() -> str:
 def _observe(scope: Scope, status: int, seconds: float) -> None:
     gw = getattr(scope["app"].state, "gateway", None)
     if gw is not None:
-        # The route template, never the raw path: label values stay few.
-        route = getattr(scope.get("route"), "path", "unmatched")
+        # The route's full template, never the raw path: label values stay few.
+        route = gw.metrics.route_label(scope.get("route"), scope["path"])
         gw.metrics.observe_request(route=route, status=status, seconds=seconds)
 
 

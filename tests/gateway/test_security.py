@@ -56,14 +56,15 @@ def test_client_salt_only_partitions_inside_the_tenant() -> None:
 async def test_docs_and_schema_are_served_only_when_asked_for(monkeypatch, tmp_path) -> None:
     import httpx
 
-    from gateway.app import create_app
     from gateway.settings import GatewaySettings
+    from kvgate.app import create_app
 
     url = f"sqlite:///{tmp_path / 'docs.db'}"
+    pages = ("/docs", "/redoc")
     # The routes answer without the lifespan (no engine, no database touched).
     app = create_app(GatewaySettings(database_url=url))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
-        for path in ("/docs", "/redoc", "/openapi.json"):
+        for path in (*pages, "/openapi.json", "/docs/assets/swagger-ui-bundle.js"):
             r = await client.get(path)
             assert r.status_code == 404, (path, r.text)
             assert r.json()["type"] == "error"
@@ -73,5 +74,15 @@ async def test_docs_and_schema_are_served_only_when_asked_for(monkeypatch, tmp_p
     app = create_app(GatewaySettings(database_url=url))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gw.test") as client:
         assert "/v1/messages" in (await client.get("/openapi.json")).json()["paths"]
-        assert (await client.get("/docs")).status_code == 200
-        assert (await client.get("/redoc")).status_code == 200
+        for page in pages:
+            r = await client.get(page)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), page
+            # Everything the page loads is on this server: no CDN, no other host, not even for a favicon.
+            assert not re.search(r"https?:|//[a-z]", r.text), (page, r.text)
+            assets = re.findall(r"""(?:src|href|spec-url)=["']([^"']+)["']|url: '([^']+)'""", r.text)
+            loaded = {a or b for a, b in assets}
+            assert "/openapi.json" in loaded and any(a.endswith(".js") for a in loaded), (page, loaded)
+            for asset in loaded:
+                assert asset.startswith("/") and not asset.startswith("//"), asset
+                got = await client.get(asset)
+                assert got.status_code == 200 and len(got.content) > 1000, (page, asset, got.status_code)
