@@ -25,6 +25,7 @@ def register(subparsers: Any, *, app_factory: AppFactory, banners: Sequence[Bann
     serve = subparsers.add_parser("serve", help="run the gateway with the embedded engine")
     serve.add_argument("--host", help="default KVGATE_HOST or 127.0.0.1")
     serve.add_argument("--port", type=int, help="default KVGATE_PORT or 8080")
+    serve.add_argument("--wait-for-db", type=float, default=0.0, metavar="SECONDS", help="retry the database this long")
     serve.set_defaults(handler=functools.partial(cmd_serve, app_factory=app_factory, banners=banners))
 
     tenants = subparsers.add_parser("tenants", help="manage tenants").add_subparsers(dest="action", required=True)
