@@ -34,12 +34,19 @@ class Phase:
     def update(self, n: float = 1) -> None:
         raise NotImplementedError
 
+    def set_total(self, total: float | None) -> None:
+        """The length, once known (a step whose bar transformers starts part-way through)."""
+        raise NotImplementedError
+
     def close(self) -> None:
         raise NotImplementedError
 
 
 class Reporter:
     """Opens phases; one reporter per conversion or load."""
+
+    # Steps open under a label, waiting for transformers' bar of that label to give them a length.
+    pending: dict[str, Phase]
 
     def phase(self, description: str, total: float | None) -> Phase:
         raise NotImplementedError
@@ -79,6 +86,9 @@ class LogPhase(Phase):
         if due:
             self._log("running")
 
+    def set_total(self, total: float | None) -> None:
+        self.total = total
+
     def close(self) -> None:
         if not self.closed:
             self.closed = True
@@ -86,6 +96,9 @@ class LogPhase(Phase):
 
 
 class LogReporter(Reporter):
+    def __init__(self) -> None:
+        self.pending = {}
+
     def phase(self, description: str, total: float | None) -> Phase:
         return LogPhase(description, total)
 
@@ -98,6 +111,10 @@ class RichPhase(Phase):
 
     def update(self, n: float = 1) -> None:
         self.progress.update(self.task, advance=n)
+
+    def set_total(self, total: float | None) -> None:
+        self.total = total
+        self.progress.update(self.task, total=total)
 
     def close(self) -> None:
         if self.total is None:  # a phase of unknown length shows as finished once it ends
@@ -121,6 +138,7 @@ class RichReporter(Reporter):
             redirect_stdout=False,
         )
         self.progress.start()
+        self.pending = {}
 
     def phase(self, description: str, total: float | None) -> Phase:
         return RichPhase(self.progress, description, total)
@@ -135,26 +153,32 @@ def for_stderr() -> Reporter:
 
 
 class _Tqdm:
-    """What transformers calls tqdm for, reporting to a Phase: iteration, update, close, with-blocks."""
+    """What transformers calls tqdm for, reporting to a Phase: iteration, update, close, with-blocks.
 
-    def __init__(self, phase: Phase, iterable: Iterable[Any] | None) -> None:
+    `owned`: close() closes the phase; a step's phase (adopted) is closed by the step instead.
+    """
+
+    def __init__(self, phase: Phase | None, iterable: Iterable[Any] | None, *, owned: bool) -> None:
         self.phase = phase
         self.iterable = iterable
+        self.owned = owned
 
     def __iter__(self) -> Iterator[Any]:
         assert self.iterable is not None
         try:
             for item in self.iterable:
                 yield item
-                self.phase.update(1)
+                self.update(1)
         finally:
-            self.phase.close()
+            self.close()
 
     def update(self, n: float = 1) -> None:
-        self.phase.update(n)
+        if self.phase is not None:
+            self.phase.update(n)
 
     def close(self) -> None:
-        self.phase.close()
+        if self.phase is not None and self.owned:
+            self.phase.close()
 
     def __enter__(self) -> _Tqdm:
         return self
@@ -177,14 +201,21 @@ def _total(iterable: Any, total: Any) -> float | None:
 
 
 @contextmanager
-def reporting(reporter: Reporter, labels: dict[str, str]) -> Iterator[Reporter]:
-    """transformers' progress bars reported to `reporter`; `labels` renames their descriptions."""
+def reporting(reporter: Reporter, labels: dict[str, str | None]) -> Iterator[Reporter]:
+    """transformers' progress bars reported to `reporter`; `labels` renames their descriptions (None: hides)."""
     import transformers.utils.logging as hf_logging
 
     def make(iterable: Any = None, *args: Any, **kwargs: Any) -> _Tqdm:
         description = str(kwargs.get("desc") or "working").rstrip(". ")
+        label = labels.get(description, description)
         total = _total(iterable, kwargs.get("total"))
-        return _Tqdm(reporter.phase(labels.get(description, description), total), iterable)
+        if label is None:  # a bar not worth showing (its step has its own)
+            return _Tqdm(None, iterable, owned=False)
+        adopted = reporter.pending.pop(label, None)
+        if adopted is not None:
+            adopted.set_total(total)
+            return _Tqdm(adopted, iterable, owned=False)
+        return _Tqdm(reporter.phase(label, total), iterable, owned=True)
 
     def hook(_factory: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Tqdm:
         return make(*args, **kwargs)
@@ -213,9 +244,13 @@ def _gguf_module() -> Any:
 
 @contextmanager
 def step(reporter: Reporter, description: str) -> Iterator[None]:
-    """A phase of unknown length around a block (reading a tokenizer, moving weights to the device)."""
+    """A phase around a block, shown from its start. A bar of transformers' labelled `description`
+    inside the block gives it its length and advances it (say, the tensors of a conversion after
+    seconds spent reading the file); without one it has no length (reading a tokenizer)."""
     phase = reporter.phase(description, None)
+    reporter.pending[description] = phase
     try:
         yield
     finally:
+        reporter.pending.pop(description, None)
         phase.close()
