@@ -14,6 +14,7 @@ MIN_GAP_S between those points) logs its start and end only.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -63,6 +64,7 @@ class LogPhase(Phase):
         self.started = self.last_logged = time.monotonic()
         self.next_fraction = LOG_EVERY_FRACTION
         self.closed = False
+        self.lock = threading.Lock()  # the work's thread and the reporter's heartbeat both log
         self._log("started")
 
     def _log(self, state: str) -> None:
@@ -75,32 +77,58 @@ class LogPhase(Phase):
         self.last_logged = time.monotonic()
 
     def update(self, n: float = 1) -> None:
-        self.done += n
-        since = time.monotonic() - self.last_logged
-        due = since >= LOG_EVERY_S
-        if self.total and self.done / self.total >= self.next_fraction:
-            while self.done / self.total >= self.next_fraction:
-                self.next_fraction += LOG_EVERY_FRACTION
-            # A quick phase logs its start and end only; the end is logged by close().
-            due = due or (since >= MIN_GAP_S and self.done < self.total)
-        if due:
-            self._log("running")
+        with self.lock:
+            self.done += n
+            since = time.monotonic() - self.last_logged
+            due = since >= LOG_EVERY_S
+            if self.total and self.done / self.total >= self.next_fraction:
+                while self.done / self.total >= self.next_fraction:
+                    self.next_fraction += LOG_EVERY_FRACTION
+                # A quick phase logs its start and end only; the end is logged by close().
+                due = due or (since >= MIN_GAP_S and self.done < self.total)
+            if due:
+                self._log("running")
+
+    def heartbeat(self) -> None:
+        """Log `running` if nothing was logged for LOG_EVERY_S: work between updates is still work."""
+        with self.lock:
+            if not self.closed and time.monotonic() - self.last_logged >= LOG_EVERY_S:
+                self._log("running")
 
     def set_total(self, total: float | None) -> None:
-        self.total = total
+        with self.lock:
+            self.total = total
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self._log("done")
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self._log("done")
 
 
 class LogReporter(Reporter):
+    """Phases as log events; a heartbeat thread logs a phase that goes LOG_EVERY_S without an update."""
+
     def __init__(self) -> None:
         self.pending = {}
+        self.phases: list[LogPhase] = []
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name="model-progress", daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(LOG_EVERY_S / 5):
+            for phase in list(self.phases):
+                phase.heartbeat()
 
     def phase(self, description: str, total: float | None) -> Phase:
-        return LogPhase(description, total)
+        phase = LogPhase(description, total)
+        self.phases.append(phase)
+        return phase
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.thread.join()
 
 
 class RichPhase(Phase):
