@@ -21,7 +21,7 @@ from typing import Any
 import structlog
 
 from gateway.settings import GatewaySettings
-from kvgate.preflight import StartupError, check_database, check_port, describe_url, one_line
+from kvgate.preflight import StartupError, check_database, check_port, describe_url, one_line, report_failure
 
 # Builds the app `kvgate serve` runs (kvgate.app.create_app: the gateway with billing wired in).
 AppFactory = Callable[..., Any]
@@ -67,15 +67,6 @@ async def _database_state(url: str) -> DatabaseState:
 def _invalid_settings(exc: Any) -> str:
     errors = "; ".join(f"KVGATE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors())
     return f"invalid settings: {errors}"
-
-
-def fail(message: str, *, terminal: bool) -> int:
-    """Report a failed start in one line (a plain line on a terminal, one JSON event otherwise); the exit status."""
-    if terminal:
-        print(f"kvgate: error: {message}", file=sys.stderr, flush=True)
-    else:
-        log.error("startup_failed", error=message)
-    return 1
 
 
 def preflight(settings: GatewaySettings, *, wait_for_db_s: float) -> None:
@@ -176,7 +167,7 @@ def run_serve(
     try:
         settings = GatewaySettings(**overrides)
     except ValidationError as exc:
-        return fail(_invalid_settings(exc), terminal=terminal)
+        return report_failure(_invalid_settings(exc))
     configure_logging(settings.log_level)
     # Alembic narrates every plugin it loads at INFO; one line of our own says what matters.
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -186,9 +177,9 @@ def run_serve(
         if not terminal and settings.admin_token is None and not state.has_admin_token:
             _check_token_file(settings)
     except StartupError as exc:
-        return fail(str(exc), terminal=terminal)
+        return report_failure(str(exc))
     except ValidationError as exc:  # the engine's settings, read by the disk tier check
-        return fail(_invalid_settings(exc), terminal=terminal)
+        return report_failure(_invalid_settings(exc))
     if terminal:
         print(f"kvgate: database {describe_url(settings.database_url)} is migrated", file=sys.stderr, flush=True)
     else:

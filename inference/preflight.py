@@ -1,4 +1,5 @@
-"""The engine's start-up check, run before the model loads: the disk KV tier directory is usable.
+"""The engine's start-up checks, run before the model loads: the disk KV tier directory is usable
+(and, for `kvgate engine serve`, its port is free).
 
 A directory that cannot be written, or a disk without room for KVGATE_KV_DISK_GIB, would
 otherwise surface only after the model has loaded, or as write failures under load.
@@ -12,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from inference.settings import EngineSettings
-from kvgate.preflight import StartupError
+from kvgate.preflight import StartupError, check_port
 
 GIB = 2**30
 _OFF = "or unset KVGATE_KV_DISK_DIR to run without the disk tier"
@@ -61,3 +62,9 @@ def check_disk_tier(settings: EngineSettings) -> None:
             f"the disk KV tier needs {settings.kv_disk_gib:g} GiB in {directory} but only {room / GIB:.1f} GiB "
             f"is free there: lower KVGATE_KV_DISK_GIB (to at most {room / GIB:.1f}), free some space, {_OFF}"
         )
+
+
+def check_engine_start(host: str, port: int, settings: EngineSettings) -> None:
+    """`kvgate engine serve`'s checks: its port, then the disk tier; StartupError (one line) on the first failure."""
+    check_port(host, port, port_setting="--port")
+    check_disk_tier(settings)

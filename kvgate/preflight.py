@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 import time
 from collections.abc import Callable
 
@@ -22,6 +23,16 @@ MAX_RETRY_S = 5.0
 
 class StartupError(Exception):
     """A start-up check failed; str() is one line with the cause and the fix."""
+
+
+def report_failure(message: str) -> int:
+    """A failed start in one line on stderr: plain on a terminal, one JSON `startup_failed` event otherwise
+    (stderr is then the log stream). Returns the exit status, 1."""
+    if sys.stderr.isatty():
+        print(f"kvgate: error: {message}", file=sys.stderr, flush=True)
+    else:
+        log.error("startup_failed", error=message)
+    return 1
 
 
 def check_port(host: str, port: int, *, port_setting: str = "--port or KVGATE_PORT") -> None:
