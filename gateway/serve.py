@@ -155,11 +155,8 @@ def run_serve(
     `host`/`port` override the settings; `wait_for_db_s` is how long to retry an unreachable database.
     A failed check is one line on stderr (cause and fix) and exit status 1, before the model loads.
     """
-    import uvicorn
     from pydantic import ValidationError
 
-    from gateway.connections import uvicorn_options
-    from gateway.shutdown import request_grace_s
     from kvgate.logs import configure_logging
 
     terminal = sys.stderr.isatty()
@@ -184,6 +181,12 @@ def run_serve(
         print(f"kvgate: database {describe_url(settings.database_url)} is migrated", file=sys.stderr, flush=True)
     else:
         log.info("database_migrated", url=describe_url(settings.database_url))
+    # Imported only now: a failed check should cost as little start-up as it can.
+    import uvicorn
+
+    from gateway.connections import uvicorn_options
+    from gateway.shutdown import request_grace_s
+
     app = app_factory(settings, prewarm_workers=True)
     _announce_when_ready(app, _ready_notices(settings, state, banners, terminal=terminal))
     uvicorn.run(
