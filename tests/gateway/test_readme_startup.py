@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.smollm2
 KVGATE = Path(sys.executable).with_name("kvgate")
 TERMINAL_MARK = "<!-- what-you-will-see:terminal -->"
 JSON_MARK = "<!-- what-you-will-see:json -->"
+PORT_TAKEN_MARK = "<!-- what-you-will-see:port-taken -->"
 LAST_LINE = "Uvicorn running on"
 START_TIMEOUT_S = 600  # a conversion on a loaded 2-core machine
 
@@ -187,3 +189,31 @@ def test_readme_json_block_matches_a_first_start_without_a_terminal(tmp_path: Pa
     assert Path(notice["path"]) == tmp_path / "kvgate.db.admin-token"
     assert stat.S_IMODE(Path(notice["path"]).stat().st_mode) == 0o600
     assert Path(notice["path"]).read_text().startswith("kvgadm-")
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_readme_port_taken_line_matches_a_terminal_run(tmp_path: Path) -> None:
+    """The README's example of a failed check: one plain line on a terminal, before anything loads."""
+    env = first_start_env(tmp_path)
+    tmux = ["tmux", "-L", f"kvgate-readme-port-{os.getpid()}"]
+    script = tmp_path / "run.sh"
+    script.write_text(f"cd {tmp_path}\n{KVGATE} serve\necho exited $?\nsleep 600\n")
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", int(env["KVGATE_PORT"])))
+        holder.listen()
+        subprocess.run([*tmux, "new-session", "-d", "-x", "220", "-y", "50", f"sh {script}"], env=env, check=True)
+        try:
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                screen = subprocess.run(
+                    [*tmux, "capture-pane", "-p", "-J", "-S", "-"], capture_output=True, text=True, check=True
+                ).stdout.splitlines()
+                if any(line.startswith("exited ") for line in screen) or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        finally:
+            subprocess.run([*tmux, "kill-server"], check=False)
+    lines = [line.rstrip() for line in screen if line.strip()]
+    assert lines[-1] == "exited 1", lines
+    assert not mismatches(readme_block(PORT_TAKEN_MARK), lines[:-1]), lines
+    assert not (tmp_path / "cache" / "models").exists(), "the model was not touched"
