@@ -164,6 +164,7 @@ def run_serve(
     try:
         settings = GatewaySettings(**overrides)
     except ValidationError as exc:
+        configure_logging()  # the failure is a log event too when stderr is the JSON stream
         return report_failure(_invalid_settings(exc))
     configure_logging(settings.log_level)
     # Alembic narrates every plugin it loads at INFO; one line of our own says what matters.
@@ -171,7 +172,8 @@ def run_serve(
     try:
         preflight(settings, wait_for_db_s=wait_for_db_s)
         state = _migrate(settings)
-        if not terminal and settings.admin_token is None and not state.has_admin_token:
+        configured = settings.admin_token is not None and settings.admin_token.get_secret_value()
+        if not terminal and not configured and not state.has_admin_token:
             _check_token_file(settings)
     except StartupError as exc:
         return report_failure(str(exc))

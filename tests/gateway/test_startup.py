@@ -107,6 +107,12 @@ def test_bad_database_url_is_one_line(good_env: dict[str, str], url: str, expect
     assert "set KVGATE_DATABASE_URL to sqlite:///" in failure["message"]
 
 
+@pytest.mark.parametrize("name", ["KVGATE_SHUTDOWN_GRACE_S", "KVGATE_KV_DISK_GIB"])  # gateway's, engine's
+def test_an_invalid_setting_is_one_line(good_env: dict[str, str], name: str) -> None:
+    failure = failed_start({**good_env, name: "-1"})
+    assert failure["message"].startswith(f"invalid settings: {name}: Input should be greater than 0")
+
+
 def test_database_down_is_one_line(good_env: dict[str, str]) -> None:
     down = f"postgresql://postgres:hunter2@127.0.0.1:{free_port()}/kvgate"
     failure = failed_start({**good_env, "KVGATE_DATABASE_URL": down})
