@@ -6,7 +6,6 @@ composition root, passes billing's hooks factory and routers in.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,6 +14,7 @@ import structlog
 from fastapi import APIRouter, FastAPI
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.admin_token_notice import announce_admin_token
 from gateway.api.deps import AdminDep, require_scope
 from gateway.api.docs import install_docs
 from gateway.api.errors import install_error_handlers
@@ -129,12 +129,7 @@ def create_app(
                 session, configured=settings.admin_token.get_secret_value() if settings.admin_token else None
             )
         if new_token:
-            print(
-                f"\nGenerated the admin token (shown once; only its hash is stored):\n  {new_token}\n"
-                "Use it as `Authorization: Bearer <token>` on /admin/v1, or set KVGATE_ADMIN_TOKEN.\n",
-                file=sys.stderr,
-                flush=True,
-            )
+            announce_admin_token(new_token, settings)
         engine = engine_factory()
         await engine.start()
         hooks = billing or _build_billing(billing_factory, sessions, settings)

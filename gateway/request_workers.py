@@ -91,7 +91,16 @@ class RequestWorkers:
 
     def prewarm(self) -> None:
         """Start the fork server and a worker now, in the background, rather than on the first large body."""
-        threading.Thread(target=self._pool().submit, args=(_ready,), name="kvgate-prewarm", daemon=True).start()
+        threading.Thread(target=self._prewarm, args=(self._pool(),), name="kvgate-prewarm", daemon=True).start()
+
+    @staticmethod
+    def _prewarm(pool: ProcessPoolExecutor) -> None:
+        # Best effort: a server stopped while the fork server still starts shuts the pool down under
+        # this thread, and its traceback would land, raw, in the JSON log stream.
+        try:
+            pool.submit(_ready)
+        except Exception as exc:
+            log.info("request_workers_prewarm_skipped", reason=str(exc) or type(exc).__name__)
 
     async def run(self, tenant_id: str, job: Callable[[PrepareContext, bytes, str | None], R], *args: Any) -> R:
         """`job(context, *args)` in a worker, after this tenant's earlier jobs; its KvgateErrors propagate."""

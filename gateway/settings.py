@@ -68,6 +68,12 @@ class GatewaySettings(KvgateSettings):
         description="Where the in-flight journal lives; unset: beside a SQLite database (`<file>.inflight/`), "
         "else `.kvgate/inflight-<hash of the URL>/`.",
     )
+    admin_token_file: Path | None = Field(
+        None,
+        description="When stderr is not a terminal, where `kvgate serve` writes the admin token it generates on "
+        "first start (mode 0600; the log names the path, never the token). Unset: beside a SQLite database "
+        "(`<file>.admin-token`), else `.kvgate/admin-token-<hash of the URL>`.",
+    )
     shutdown_grace_s: float = Field(
         30.0,
         gt=0,

@@ -40,13 +40,20 @@ def serve(
     import uvicorn
 
     from inference.async_engine import AsyncEngine
+    from inference.preflight import check_engine_start
     from inference.server import create_app
     from inference.settings import EngineSettings
     from kvgate.logs import configure_logging
+    from kvgate.preflight import StartupError, report_failure
 
     configure_logging(log_level.value)
+    settings = EngineSettings()
+    try:  # before the model loads: a taken port or a bad disk tier is one line, not a traceback after it
+        check_engine_start(host, port, settings)
+    except StartupError as exc:
+        raise typer.Exit(report_failure(str(exc))) from None
     grace = shutdown_grace_s or float(os.environ.get("KVGATE_SHUTDOWN_GRACE_S", "30"))
-    app = create_app(AsyncEngine(EngineSettings()), shutdown_timeout_s=grace / 3)
+    app = create_app(AsyncEngine(settings), shutdown_timeout_s=grace / 3)
     # log_config=None leaves uvicorn's loggers (levels included) as configure_logging set them.
     uvicorn.run(
         app,

@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 import torch
 
+from inference import load_progress
 from inference.bundled_models import BUNDLED_MODELS, SMOLLM2, BundledModel
 from inference.settings import EngineSettings
 
@@ -78,21 +79,30 @@ def _convert(gguf_path: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     log.info("converting_gguf", gguf=str(gguf_path), out=str(out_dir))
+    converting = f"Converting {out_dir.name}"
+    labels: dict[str, str | None] = {
+        "Converting and de-quantizing GGUF tensors": converting,
+        "Loading weights": None,  # the dequantized tensors, already counted by the conversion
+        "Writing model shards": "Writing the safetensors checkpoint",
+    }
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}-", dir=out_dir.parent))
     try:
         kwargs = {"gguf_file": gguf_path.name}
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent,
-            dtype=torch.float32,
-            quantization_config=GgufConfig(gguf_file=gguf_path.name, dequantize=True),
-            **kwargs,
-        )
-        # The dequantized model is a plain dense one; drop the GGUF marker so it reloads as such.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        with load_progress.reporting(load_progress.for_stderr(), labels) as progress:
+            with load_progress.step(progress, "Reading the GGUF's tokenizer"):
+                tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs)
+            with load_progress.step(progress, converting):
+                model = AutoModelForCausalLM.from_pretrained(
+                    gguf_path.parent,
+                    dtype=torch.float32,
+                    quantization_config=GgufConfig(gguf_file=gguf_path.name, dequantize=True),
+                    **kwargs,
+                )
+            # The dequantized model is a plain dense one; drop the GGUF marker so it reloads as such.
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         os.rename(tmp, out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -141,11 +151,14 @@ def load_model(settings: EngineSettings) -> LoadedModel:
     path, model_id = resolve_model_dir(settings)
     device = select_device(settings.device)
     dtype = select_dtype(settings.dtype, device)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
-    if model.config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model type {model.config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
-    model.to(device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    loading = f"Loading {model_id}"
+    reporter = load_progress.for_stderr()
+    with load_progress.reporting(reporter, {"Loading weights": loading}), load_progress.step(reporter, loading):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        if model.config.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(f"model type {model.config.model_type!r} is not one of {SUPPORTED_MODEL_TYPES}")
+        model.to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

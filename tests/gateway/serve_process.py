@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
@@ -19,11 +20,20 @@ ADMIN = "serve-test-admin"
 class Serve:
     """`kvgate serve` as a subprocess; its log goes to a file (a pipe nobody reads would block it)."""
 
-    def __init__(self, *, database_url: str, model_dir: Path, workdir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        database_url: str,
+        model_dir: Path,
+        workdir: Path,
+        env: dict[str, str | None] | None = None,
+        args: Sequence[str] = (),
+    ) -> None:
+        """`env` overrides the environment below (None: unset); `args` are appended to `kvgate serve`."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = workdir / f"serve-{self.port}.log"
-        env = {
+        merged = {
             **os.environ,
             "KVGATE_DATABASE_URL": database_url,
             "KVGATE_MODEL": str(model_dir),
@@ -35,10 +45,11 @@ class Serve:
             "KVGATE_INFLIGHT_JOURNAL_DIR": str(workdir / "inflight"),
             **(env or {}),
         }
+        env_vars = {k: v for k, v in merged.items() if v is not None}
         kvgate = Path(sys.executable).with_name("kvgate")
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(kvgate), "serve", "--port", str(self.port)], env=env, stdout=log, stderr=log
+                [str(kvgate), "serve", "--port", str(self.port), *args], env=env_vars, stdout=log, stderr=log
             )
         deadline = time.monotonic() + 240
         while True:

@@ -1,0 +1,70 @@
+"""The engine's start-up checks, run before the model loads: the disk KV tier directory is usable
+(and, for `kvgate engine serve`, its port is free).
+
+A directory that cannot be written, or a disk without room for KVGATE_KV_DISK_GIB, would
+otherwise surface only after the model has loaded, or as write failures under load.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from inference.settings import EngineSettings
+from kvgate.preflight import StartupError, check_port
+
+GIB = 2**30
+_OFF = "or unset KVGATE_KV_DISK_DIR to run without the disk tier"
+
+
+def _bytes_in_use(directory: Path) -> int:
+    """What the tier already holds there: its segment files are reused in place, so they count as room."""
+    total = 0
+    for sub in directory.glob("kv-*"):
+        for path in sub.glob("seg-*"):
+            try:
+                total += path.stat().st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def check_disk_tier(settings: EngineSettings) -> None:
+    """KVGATE_KV_DISK_DIR exists (or can be made), takes a write, and has room for KVGATE_KV_DISK_GIB.
+
+    With KVGATE_KV_DISK_BLOCKS the size depends on the model's block layout, known only once it
+    loads, so only the directory is checked.
+    """
+    directory = settings.kv_disk_dir
+    if directory is None or settings.kv_disk_blocks == 0:
+        return
+    directory = directory.expanduser()
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        with tempfile.TemporaryFile(dir=directory) as probe:
+            probe.write(b"\0" * 4096)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        cause = exc.strerror or str(exc)
+        raise StartupError(
+            f"the disk KV tier directory {directory} is not writable ({cause}): "
+            f"set KVGATE_KV_DISK_DIR to a writable directory, {_OFF}"
+        ) from None
+    if settings.kv_disk_blocks is not None:
+        return
+    need = settings.kv_disk_gib * GIB
+    room = shutil.disk_usage(directory).free + _bytes_in_use(directory)
+    if room < need:
+        raise StartupError(
+            f"the disk KV tier needs {settings.kv_disk_gib:g} GiB in {directory} but only {room / GIB:.1f} GiB "
+            f"is free there: lower KVGATE_KV_DISK_GIB (to at most {room / GIB:.1f}), free some space, {_OFF}"
+        )
+
+
+def check_engine_start(host: str, port: int, settings: EngineSettings) -> None:
+    """`kvgate engine serve`'s checks: its port, then the disk tier; StartupError (one line) on the first failure."""
+    check_port(host, port, port_setting="--port")
+    check_disk_tier(settings)
