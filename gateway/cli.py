@@ -7,6 +7,8 @@ they need no running server and no admin token. Listings print the admin API's o
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Annotated, Any
@@ -55,7 +57,11 @@ def register(app: typer.Typer, *, app_factory: AppFactory, banners: Sequence[Ban
         from gateway.serve import run_serve
         from gateway.settings import GatewaySettings
 
-        announce_database(GatewaySettings().database_url)
+        # Without a terminal stderr is the JSON log stream, where the database_migrated event names it.
+        if sys.stderr.isatty():
+            # Invalid settings: run_serve reports them in its own one line, as a start-up failure.
+            with contextlib.suppress(ValueError):
+                announce_database(GatewaySettings().database_url)
         code = run_serve(host=host, port=port, wait_for_db_s=wait_for_db, app_factory=app_factory, banners=banners)
         if code:
             raise typer.Exit(code)
