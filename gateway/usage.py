@@ -61,9 +61,7 @@ class DatabaseUsageRecorder:
         self._max_batch = max_batch
         insert = dialect_insert(self._engine.dialect.name)
         self._insert = (
-            insert(UsageRecord)
-            .on_conflict_do_nothing(index_elements=["request_id"])
-            .returning(UsageRecord.request_id)
+            insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRecord.request_id)
         )
         self._pending: list[tuple[UsageEvent, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
