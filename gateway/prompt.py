@@ -21,6 +21,7 @@ import os
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from jinja2 import TemplateError
@@ -282,8 +283,4 @@ def _strip_markers(marked: str, opening: str) -> tuple[str, dict[int, int]]:
 def _running_max_ends(offsets: Sequence[tuple[int, int]]) -> list[int]:
     # Token i counts as inside a prefix of c characters when every character it covers
     # is; running max keeps the sequence sorted even for zero-width special tokens.
-    ends, top = [], 0
-    for _start, end in offsets:
-        top = max(top, end)
-        ends.append(top)
-    return ends
+    return list(accumulate((end for _start, end in offsets), max, initial=0))[1:]
