@@ -22,6 +22,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import itemgetter
 from typing import Any
 
 from jinja2 import TemplateError
@@ -283,4 +284,4 @@ def _strip_markers(marked: str, opening: str) -> tuple[str, dict[int, int]]:
 def _running_max_ends(offsets: Sequence[tuple[int, int]]) -> list[int]:
     # Token i counts as inside a prefix of c characters when every character it covers
     # is; running max keeps the sequence sorted even for zero-width special tokens.
-    return list(accumulate((end for _start, end in offsets), max, initial=0))[1:]
+    return list(accumulate(map(itemgetter(1), offsets), max, initial=0))[1:]
