@@ -9,13 +9,17 @@ Revoking a key or suspending a tenant through the admin API evicts at once, and 
 the database refuses (401/403) is evicted when it does; a change made elsewhere (the
 CLI, another gateway process) takes effect within the fresh TTL. A key's expiry is
 checked on every use, cached or not.
+
+Concurrent misses of one key share a single database lookup (load()): under load, a
+fresh entry expiring used to send every request in flight to the database at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from gateway.services.keys import Principal
 
@@ -34,6 +38,7 @@ class PrincipalCache:
         self._max_entries = max_entries
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
+        self._lookups: dict[str, asyncio.Future[Principal | None]] = {}
 
     def _age(self, key_hash: str) -> tuple[float, Principal] | None:
         entry = self._entries.get(key_hash)
@@ -68,8 +73,31 @@ class PrincipalCache:
 
     def discard(self, key_hash: str) -> None:
         self._entries.pop(key_hash, None)
+        self._lookups.pop(key_hash, None)
 
     def evict(self, *, key_id: str | None = None, tenant_id: str | None = None) -> None:
         doomed = [h for h, (_, p) in self._entries.items() if p.api_key_id == key_id or p.tenant_id == tenant_id]
         for h in doomed:
             del self._entries[h]
+        # A lookup already on its way may have read the row before the change: requests from
+        # now on start their own instead of joining it.
+        self._lookups.clear()
+
+    async def load(self, key_hash: str, lookup: Callable[[], Awaitable[Principal | None]]) -> Principal | None:
+        """`lookup()`'s principal, shared by every caller that asks for `key_hash` while it runs.
+
+        The lookup runs as a task of its own, so a caller that is cancelled (its client left)
+        does not cancel it for the others; its errors reach every caller.
+        """
+        future = self._lookups.get(key_hash)
+        if future is None:
+            future = asyncio.ensure_future(lookup())
+            self._lookups[key_hash] = future
+            future.add_done_callback(lambda done: self._lookup_done(key_hash, done))
+        return await asyncio.shield(future)
+
+    def _lookup_done(self, key_hash: str, future: asyncio.Future[Principal | None]) -> None:
+        if self._lookups.get(key_hash) is future:
+            del self._lookups[key_hash]
+        if not future.cancelled():
+            future.exception()  # retrieved here too: every caller may have left before it ended

@@ -243,7 +243,23 @@ class InflightJournal:
 
     def end(self, request_id: str) -> None:
         """Mark a request as recorded (or as never run). Not waited for, not synced."""
-        self._enqueue(_Write(end_line(request_id), request_id, False, None))
+        write = _Write(end_line(request_id), request_id, False, None)
+        segment = self._segment
+        idle = not self._pending and (self._writer is None or self._writer.done())
+        if segment is None or not idle or segment.size + len(write.line) > self.rotate_bytes:
+            self._enqueue(write)
+            return
+        # The writer thread is idle, so nothing else writes the segment: an end, never synced, is a
+        # pwrite of a few dozen bytes into the page cache, done here rather than handed to the
+        # thread and back (a wake-up of each, which cost more than the write). Rotation stays
+        # the writer's: an end that would pass the threshold is queued.
+        error: Exception | None = None
+        try:
+            self._append(write.line, False)
+        except Exception as exc:
+            error = exc
+        self._log_state(error)
+        self._open.pop(request_id, None)
 
     def _enqueue(self, write: _Write) -> None:
         if self._segment is None:

@@ -1,8 +1,9 @@
 """Who is calling: the presented key, checked against the auth cache, the database, and during a
 database outage the last-known-good cache.
 
-- A fresh cache entry is used as is (expiry still checked).
-- Otherwise the database decides; a key it refuses is evicted from the cache.
+- A fresh cache entry is used as is (expiry still checked), without awaiting anything.
+- Otherwise the database decides (one lookup per key at a time, shared by concurrent requests);
+  a key it refuses is evicted from the cache.
 - If the database cannot be reached (or is known to be down and no probe is due), a key
   the database accepted within KVGATE_AUTH_STALE_TTL_S keeps working; any other key gets a
   retryable 529/503, never a 401, since it may well be valid.
@@ -24,15 +25,19 @@ async def resolve_principal(gw: Gateway, *, presented: str, path: str) -> Princi
     digest = hash_secret(presented)
     principal = gw.auth_cache.get(digest)
     if principal is None:
-        principal = await _from_database(gw, presented=presented, digest=digest, path=path)
+        # Shared by concurrent requests with this key; the outage fallback is each caller's own,
+        # since its error depends on the caller's path.
+        found = await gw.auth_cache.load(digest, lambda: _from_database(gw, presented=presented, digest=digest))
+        principal = found if found is not None else _last_known_good(gw, digest=digest, path=path)
     principal.check_expiry(utcnow())
     return principal
 
 
-async def _from_database(gw: Gateway, *, presented: str, digest: str, path: str) -> Principal:
+async def _from_database(gw: Gateway, *, presented: str, digest: str) -> Principal | None:
+    """The database's verdict on the key; None when the database cannot be asked."""
     health = gw.db_health
     if not health.should_try():
-        return _last_known_good(gw, digest=digest, path=path)
+        return None
     try:
         # A short session of its own: a streaming response must not hold a connection.
         async with gw.sessions() as session:
@@ -44,7 +49,7 @@ async def _from_database(gw: Gateway, *, presented: str, digest: str, path: str)
     except Exception as error:
         if not health.observe(error):
             raise
-        return _last_known_good(gw, digest=digest, path=path)
+        return None
     health.succeeded()
     gw.auth_cache.put(digest, principal)
     return principal

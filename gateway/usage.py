@@ -59,6 +59,10 @@ class DatabaseUsageRecorder:
         # connection finally breaks, and a late commit is harmless (inserts ignore repeats).
         self._write_timeout_s = timeouts.request_timeout_s + timeouts.pool_timeout_s
         self._max_batch = max_batch
+        insert = dialect_insert(self._engine.dialect.name)
+        self._insert = (
+            insert(UsageRecord).on_conflict_do_nothing(index_elements=["request_id"]).returning(UsageRecord.request_id)
+        )
         self._pending: list[tuple[UsageEvent, asyncio.Future[bool]]] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -92,9 +96,11 @@ class DatabaseUsageRecorder:
 
     def _write_sync(self, rows: list[dict[str, object]]) -> set[str]:
         with self._engine.begin() as conn:
-            insert = dialect_insert(conn.dialect.name)
-            statement = insert(UsageRecord).values(rows).on_conflict_do_nothing(index_elements=["request_id"])
-            return set(conn.execute(statement.returning(UsageRecord.request_id)).scalars())
+            # One statement for every batch size, so SQLAlchemy compiles it once: the rows go as
+            # executemany parameters, which it sends as multi-row INSERTs (insertmanyvalues) with
+            # RETURNING. A statement with the rows inlined (`.values(rows)`) was compiled afresh
+            # for each batch, about 0.45 ms of CPU for one row.
+            return set(conn.execute(self._insert, rows).scalars())
 
     def drop_pooled_connections(self) -> None:
         """Forget pooled connections without closing them (they may be dead); new ones are opened."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
@@ -79,3 +80,66 @@ def test_last_known_good_entries_outlive_the_fresh_ttl_up_to_the_stale_ttl() -> 
     cache.evict(key_id="key_a")  # revoked through the admin API
     assert cache.get_stale("h") is None
     assert PrincipalCache(2.0, stale_ttl_s=0).stale_ttl_s == 2.0  # 0: nothing beyond the fresh TTL
+
+
+async def test_concurrent_misses_of_one_key_share_one_lookup() -> None:
+    cache = PrincipalCache(2.0)
+    release = asyncio.Event()
+    calls: list[str] = []
+
+    async def lookup(name: str) -> Principal:
+        calls.append(name)
+        await release.wait()
+        return Principal(tenant_id="ten_a", api_key_id=name)
+
+    first = [asyncio.ensure_future(cache.load("h", lambda: lookup("key_h"))) for _ in range(5)]
+    other = asyncio.ensure_future(cache.load("g", lambda: lookup("key_g")))
+    await asyncio.sleep(0)
+    release.set()
+    assert {p.api_key_id for p in await asyncio.gather(*first)} == {"key_h"}
+    assert (await other).api_key_id == "key_g"
+    assert sorted(calls) == ["key_g", "key_h"]  # one lookup per key, not one per caller
+    await cache.load("h", lambda: lookup("key_h"))
+    assert len(calls) == 3  # the finished lookup is not reused: the next miss asks again
+
+
+async def test_a_shared_lookup_outlives_a_cancelled_caller_and_its_error_reaches_every_caller() -> None:
+    cache = PrincipalCache(2.0)
+    release = asyncio.Event()
+
+    async def refused() -> Principal:
+        await release.wait()
+        raise AuthenticationError("invalid x-api-key")
+
+    leaving = asyncio.ensure_future(cache.load("h", refused))
+    staying = asyncio.ensure_future(cache.load("h", refused))
+    await asyncio.sleep(0)
+    leaving.cancel()
+    release.set()
+    with pytest.raises(AuthenticationError):
+        await staying
+    assert leaving.cancelled()
+
+
+async def test_eviction_makes_later_misses_look_up_afresh() -> None:
+    cache = PrincipalCache(2.0)
+    release = asyncio.Event()
+    calls = 0
+
+    async def lookup() -> Principal:
+        nonlocal calls
+        calls += 1
+        await release.wait()
+        return Principal(tenant_id="ten_a", api_key_id="key_a")
+
+    before = asyncio.ensure_future(cache.load("h", lookup))
+    await asyncio.sleep(0)
+    joined = asyncio.ensure_future(cache.load("h", lookup))
+    await asyncio.sleep(0)
+    assert calls == 1
+    cache.evict(key_id="key_a")  # revoked while the lookup was on its way
+    after = asyncio.ensure_future(cache.load("h", lookup))
+    await asyncio.sleep(0)
+    release.set()
+    await asyncio.gather(before, joined, after)
+    assert calls == 2

@@ -118,6 +118,25 @@ async def test_ends_are_not_synced(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     await journal.aclose()
 
 
+async def test_an_end_is_written_at_once_when_the_writer_is_idle_and_queued_behind_a_write_in_flight(
+    tmp_path: Path,
+) -> None:
+    journal = InflightJournal.open(tmp_path)
+    await journal.begin(entry(1))
+    await journal.begin(entry(2))
+    journal.end("req_0001")  # no await: the writer thread was idle, so the end is in the file already
+    assert [e.request_id for e in read(*segments(tmp_path)).unfinished()] == ["req_0002"]
+    assert journal.open_requests == 1
+    third = asyncio.ensure_future(journal.begin(entry(3)))
+    await asyncio.sleep(0)  # the begin's batch is on its way to the writer thread
+    journal.end("req_0002")  # so this end waits for the writer, behind it
+    assert "req_0002" in [e.request_id for e in read(*segments(tmp_path)).unfinished()]
+    await third
+    await journal.flush()
+    assert [e.request_id for e in read(*segments(tmp_path)).unfinished()] == ["req_0003"]
+    await journal.aclose()
+
+
 async def test_a_failed_sync_refuses_the_begin_and_leaves_no_trace_of_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

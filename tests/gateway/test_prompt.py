@@ -140,3 +140,37 @@ def test_a_lone_assistant_message_is_a_clear_error(tokenizer: Any) -> None:
     )
     with pytest.raises(InvalidRequestError, match="Roles must alternate"):
         renderer_for(tokenizer, alternating).render(Chat(messages=(ChatMessage("system", (TextPart("x"),)),)))
+
+
+def test_the_direct_tokenizer_path_gives_what_the_tokenizer_call_gives(tokenizer: Any) -> None:
+    renderer = renderer_for(tokenizer)
+    assert renderer._backend is not None  # the tiny model's tokenizer is a fast one: the direct path is taken
+    texts = [
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi  there\t!<|im_end|>\n",
+        "Unicode: naïve café — 東京 🚀, and numbers 1234567.",
+        "",
+    ]
+    for text in texts:
+        expected = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids, offsets = renderer._encode(text, offsets=True)
+        assert ids == expected["input_ids"] and [tuple(o) for o in offsets] == [
+            tuple(o) for o in expected["offset_mapping"]
+        ]
+    # A call that leaves truncation set on the shared backend: the direct path must not truncate.
+    tokenizer("warm " * 50, truncation=True, max_length=4)
+    assert tokenizer.backend_tokenizer.truncation is not None
+    long = "a longer text " * 20
+    assert renderer._encode(long, offsets=False)[0] == tokenizer(long, add_special_tokens=False)["input_ids"]
+    assert len(renderer._encode(long, offsets=False)[0]) > 4
+
+
+def test_markers_are_stripped_and_only_this_requests_markers_count() -> None:
+    from gateway.prompt import _strip_markers
+
+    opening = "<<kvgate-bp-00112233aabbccdd-"
+    fake = "<<kvgate-bp-ffffffffffffffff-0>>"
+    marked = f"ab{opening}0>>cd{fake}e{opening}1>>{opening}x>>f{opening}1>>"
+    stripped, positions = _strip_markers(marked, opening)
+    assert stripped == f"abcd{fake}e{opening}x>>f"
+    assert positions == {0: 2, 1: 5 + len(fake)}
+    assert _strip_markers("plain text", opening) == ("plain text", {})
