@@ -180,9 +180,14 @@ def main() -> None:
 
     engine.generate(prompt(64), ONE_TOKEN)
 
-    limit_rows = matmul_limit([*linear_shapes(config), (2048, 2048)], 2048, reps)
-    limit = max(r["gflops"] for r in limit_rows)
-    attn_alone = attention_rate(config, lengths[-1], settings.max_num_batched_tokens, reps)
+    shapes = [*linear_shapes(config), (2048, 2048)]
+
+    def limits() -> tuple[list[dict], float]:
+        return matmul_limit(shapes, 2048, 2 * reps), attention_rate(config, lengths[-1], chunk, 2 * reps)
+
+    # Measured before and after the prefills, best of both: other processes lower rates, never raise them.
+    chunk = settings.max_num_batched_tokens
+    limit_rows, attn_alone = limits()
 
     runs = []
     for n in lengths:
@@ -194,7 +199,15 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         linear, attention = prefill_flops(config, n)
         prof = profile_prefill(engine, prompt(n))
-        runs.append({"n": n, "ttft": statistics.median(times), "linear": linear, "attention": attention, **prof})
+        runs.append(
+            {"n": n, "ttft": statistics.median(times), "best": min(times), "linear": linear, "attention": attention}
+            | prof
+        )
+
+    again, attn_again = limits()
+    limit_rows = [max(a, b, key=lambda r: r["gflops"]) for a, b in zip(limit_rows, again, strict=True)]
+    limit = max(r["gflops"] for r in limit_rows)
+    attn_alone = max(attn_alone, attn_again)
 
     load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"] * 3
     lines = [
@@ -203,7 +216,7 @@ def main() -> None:
         f"prefill chunks of {settings.max_num_batched_tokens} tokens. Load average during the run: {' '.join(load)} "
         "(other processes shared the cores: absolute times are upper bounds).",
         "",
-        f"### 1. The bf16 matmul limit ({threads} threads, oneDNN-packed weights, best of {reps})",
+        f"### 1. The bf16 matmul limit ({threads} threads, oneDNN-packed weights, best of {4 * reps})",
         "",
         "| matmul | GFLOP/s |",
         "|---|---|",
@@ -211,19 +224,18 @@ def main() -> None:
         "",
         f"The limit used below is the best of these: {limit:.0f} GFLOP/s. Our attention kernel alone "
         f"(csrc/paged_attention.c, one layer of a {lengths[-1]}-token causal prefill in "
-        f"{settings.max_num_batched_tokens}-token chunks, random data) reaches {attn_alone:.0f} GFLOP/s.",
+        f"{chunk}-token chunks, random data) reaches {attn_alone:.0f} GFLOP/s.",
         "",
-        f"### 2. Cold prefill (median of {reps}) against that limit",
+        f"### 2. Cold prefill ({reps} runs) against that limit",
         "",
-        "| prompt | TTFT | linear GFLOP | attention GFLOP | GFLOP/s reached | share of the limit |",
-        "|---|---|---|---|---|---|",
+        "| prompt | TTFT (median) | TTFT (best) | linear GFLOP | attention GFLOP | GFLOP/s at best | of the limit |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in runs:
-        total = r["linear"] + r["attention"]
-        rate = total / r["ttft"] / 1e9
+        rate = (r["linear"] + r["attention"]) / r["best"] / 1e9
         lines.append(
-            f"| {r['n']} | {r['ttft']:.3f} s | {r['linear'] / 1e9:.0f} | {r['attention'] / 1e9:.0f} | "
-            f"{rate:.0f} | {rate / limit:.0%} |"
+            f"| {r['n']} | {r['ttft']:.3f} s | {r['best']:.3f} s | {r['linear'] / 1e9:.0f} | "
+            f"{r['attention'] / 1e9:.0f} | {rate:.0f} | {rate / limit:.0%} |"
         )
     lines += [
         "",
