@@ -1,32 +1,19 @@
-"""The paged CPU attention kernel (csrc/paged_attention.c): built once per machine, called through ctypes.
+"""The paged CPU attention kernel (csrc/paged_attention.c), called through ctypes.
 
-The kernel is plain C with no Python or torch headers, so it compiles in about a
-second with the system C compiler. It is built on first use into the kvgate cache
-dir, keyed by the source and the CPU, under a lock. If no compiler is available the
+It is built once per machine by inference/native.py. If no compiler is available the
 engine falls back to torch's own attention kernels (and loses batch invariance).
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-import structlog
 import torch
 
-log = structlog.get_logger(__name__)
-
-SOURCE = Path(__file__).parent / "csrc" / "paged_attention.c"
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=c11"]
+from inference.native import load_library
 
 
 class _Args(ctypes.Structure):
@@ -52,43 +39,10 @@ class _Args(ctypes.Structure):
     ]
 
 
-def _cpu_key() -> str:
-    flags = ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        flags = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
-    return hashlib.sha256((SOURCE.read_bytes().hex() + flags + platform.machine()).encode()).hexdigest()[:16]
-
-
-def _build(out: Path) -> None:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if out.exists():
-            return
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        try:
-            subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True)
-            os.rename(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-
-
 @cache
 def _library(cache_dir: str) -> ctypes.CDLL | None:
-    path = Path(cache_dir) / "kernels" / f"paged_attention-{_cpu_key()}.so"
-    try:
-        if not path.exists():
-            _build(path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.CalledProcessError) as exc:
-        detail = getattr(exc, "stderr", b"") or b""
-        log.warning("cpu_attention_unavailable", error=str(exc), detail=detail.decode(errors="replace")[-500:])
+    lib = load_library("paged_attention", cache_dir)
+    if lib is None:
         return None
     lib.kvgate_paged_attention.argtypes = [ctypes.POINTER(_Args)]
     lib.kvgate_paged_attention.restype = ctypes.c_int

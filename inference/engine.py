@@ -15,6 +15,7 @@ from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
 from inference.cpu_threads import default_num_threads
 from inference.detokenizer import IncrementalDetokenizer
+from inference.fused_ops import FusedOps
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
 from inference.model_loader import LoadedModel, load_model
@@ -113,7 +114,8 @@ class Engine:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, self._cpu_kernel(settings, head_dim))
+        fused = FusedOps.load(settings.cache_dir) if self.loaded.device.type == "cpu" else None
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, self._cpu_kernel(settings, head_dim), fused)
         self.vocab_size = int(cfg.vocab_size)
         self.structured = StructuredOutputs(
             self.loaded.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.loaded.eos_token_ids

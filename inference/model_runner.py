@@ -9,6 +9,7 @@ import torch
 
 from inference.cpu_attention import CpuPagedAttention, RowLayout
 from inference.cpu_linear import pack_linears
+from inference.fused_ops import FusedOps, fuse_decoder_layers
 from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
 
 
@@ -34,7 +35,13 @@ RESCORE = 8  # top logits recomputed in float32 per sampled row
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, kv: KVTensors, cpu_kernel: CpuPagedAttention | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        kv: KVTensors,
+        cpu_kernel: CpuPagedAttention | None = None,
+        fused_ops: FusedOps | None = None,
+    ) -> None:
         self.model = model
         self.kv = kv
         self.device = next(model.parameters()).device
@@ -42,6 +49,8 @@ class ModelRunner:
         _use_paged_attention(model)
         # Kept unpacked: the rescoring of the top logits below reads rows of it.
         self.lm_weight = _lm_head_weight(model)
+        # Before packing: the fused q/k/v and gate/up projections are packed like the others.
+        fuse_decoder_layers(model, fused_ops)
         pack_linears(model)
 
     @torch.inference_mode()

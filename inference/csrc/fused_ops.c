@@ -1,0 +1,160 @@
+/*
+ * Fused element-wise ops of a decoder layer, for bfloat16 tensors on CPU: RMSNorm,
+ * rotary embeddings and SiLU(gate) * up. Each replaces a handful of torch ops (and
+ * their passes over memory, and float32 temporaries) with one pass.
+ *
+ * Every output row depends only on its own input row, in a fixed order of operations,
+ * so results never depend on how rows are batched or chunked. Where torch rounds to
+ * bf16 between ops, these round at the same points (rotary is bit-identical to the
+ * torch expression; RMSNorm's sum of squares and SiLU's exp differ from torch's in the
+ * last float bits).
+ */
+#include <math.h>
+#include <stdint.h>
+
+typedef union {
+    uint32_t u;
+    float f;
+} Bits; /* type punning through a union, which the vectorizer follows (memcpy it does not) */
+
+static inline float bf16_to_f32(uint16_t x) { return (Bits){.u = (uint32_t)x << 16}.f; }
+
+static inline uint16_t f32_to_bf16(float f) {
+    const uint32_t u = (Bits){.f = f}.u;
+    const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16; /* round to nearest even, as torch does */
+    const uint32_t nan = (u >> 16) | 0x40u;                            /* NaN stays NaN */
+    return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded); /* a select, so loops vectorize */
+}
+
+static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+/* Rows are split between threads only when there is enough work to pay for waking them. */
+static inline int threads_for(int64_t elems, int threads) { return elems >= 32768 ? threads : 1; }
+
+/* out[t] = w * bf16(x[t] / sqrt(mean(x[t]^2) + eps)), as transformers' RMSNorm rounds. */
+void kvgate_rmsnorm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *w, uint16_t *out, int64_t T,
+                         int64_t C, float eps, int threads) {
+#pragma omp parallel for num_threads(threads_for(T * C, threads)) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *xr = x + t * x_stride;
+        uint16_t *o = out + t * C;
+        float lanes[16] = {0};
+        int64_t c = 0;
+        for (; c + 16 <= C; c += 16)
+            for (int l = 0; l < 16; l++) {
+                const float v = bf16_to_f32(xr[c + l]);
+                lanes[l] += v * v;
+            }
+        for (; c < C; c++) {
+            const float v = bf16_to_f32(xr[c]);
+            lanes[c % 16] += v * v;
+        }
+        for (int step = 8; step > 0; step /= 2)
+            for (int l = 0; l < step; l++) lanes[l] += lanes[l + step];
+        const float inv = 1.0f / sqrtf(lanes[0] / (float)C + eps);
+        for (int64_t i = 0; i < C; i++)
+            o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));
+    }
+}
+
+/* exp(x) for float, written so the compiler vectorizes it: 2^n * p(r), |r| <= ln2/2. */
+static inline float exp_poly(float x) {
+    x = fminf(fmaxf(x, -87.0f), 88.0f);
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f;
+    r = r + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * (r * r) + (r + 1.0f);
+    return p * (Bits){.u = (uint32_t)((int32_t)n + 127) << 23}.f;
+}
+
+static inline float silu_mul1(float g, float u) { return round_bf16(g / (1.0f + exp_poly(-g))) * u; }
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+static inline __m512 bf16x16_to_f32(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+
+/* f32_to_bf16 on 16 lanes, with the same integer steps. */
+static inline __m256i f32x16_to_bf16(__m512 f) {
+    const __m512i u = _mm512_castps_si512(f);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    const __mmask16 nan =
+        _mm512_cmpgt_epu32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+static inline __m512 round_bf16x16(__m512 f) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(f32x16_to_bf16(f)), 16));
+}
+
+/* exp_poly on 16 lanes: the same operations in the same order (no fused multiply-adds). */
+static inline __m512 exp_poly16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                                        _mm512_set1_ps(0.5f)),
+                                          _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+    r = _mm512_add_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(2.12194440e-4f)));
+    static const float c[5] = {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f,
+                               5.0000001201e-1f};
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    for (int i = 0; i < 5; i++) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c[i]));
+    p = _mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(r, r)), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+#endif
+
+static void silu_mul_row(const uint16_t *g, const uint16_t *u, uint16_t *o, int64_t n) {
+    int64_t i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        const __m512 x = bf16x16_to_f32(g + i);
+        const __m512 e = exp_poly16(_mm512_sub_ps(_mm512_setzero_ps(), x));
+        const __m512 s = round_bf16x16(_mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        _mm256_storeu_si256((__m256i *)(o + i), f32x16_to_bf16(_mm512_mul_ps(s, bf16x16_to_f32(u + i))));
+    }
+#endif
+    for (; i < n; i++) o[i] = f32_to_bf16(silu_mul1(bf16_to_f32(g[i]), bf16_to_f32(u[i])));
+}
+
+/* out[t, i] = bf16(bf16(silu(g)) * u) with g = gu[t, i], u = gu[t, N + i]: SiLU(gate) * up, rounded as torch does. */
+void kvgate_silu_mul_bf16(const uint16_t *gu, int64_t gu_stride, uint16_t *out, int64_t T, int64_t N, int threads) {
+#pragma omp parallel for num_threads(threads_for(T * N, threads)) schedule(static)
+    for (int64_t t = 0; t < T; t++) silu_mul_row(gu + t * gu_stride, gu + t * gu_stride + N, out + t * N, N);
+}
+
+/*
+ * Rotary embeddings of the query and key heads of a fused q|k|v projection row:
+ * x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16 (torch's
+ * expression in bf16 exactly). q_out [T, H, D] and k_out [T, KVH, D] are contiguous.
+ */
+void kvgate_rotary_bf16(const uint16_t *qkv, int64_t qkv_stride, const uint16_t *cos, const uint16_t *sin,
+                        int64_t cs_stride, uint16_t *q_out, uint16_t *k_out, int64_t T, int64_t H, int64_t KVH,
+                        int64_t D, int threads) {
+    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(threads_for(T * (H + KVH) * D, threads)) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const uint16_t *c = cos + t * cs_stride, *s = sin + t * cs_stride;
+        for (int64_t h = 0; h < H + KVH; h++) {
+            const uint16_t *x = qkv + t * qkv_stride + h * D;
+            uint16_t *o = h < H ? q_out + (t * H + h) * D : k_out + (t * KVH + h - H) * D;
+            for (int64_t i = 0; i < D; i++) {
+                const float rot = i < half ? -bf16_to_f32(x[i + half]) : bf16_to_f32(x[i - half]);
+                const float a = round_bf16(bf16_to_f32(x[i]) * bf16_to_f32(c[i]));
+                const float b = round_bf16(rot * bf16_to_f32(s[i]));
+                o[i] = f32_to_bf16(a + b);
+            }
+        }
+    }
+}

@@ -1,0 +1,204 @@
+"""Fused decoder-layer ops for bf16 models on CPU (csrc/fused_ops.c), swapped into a loaded model.
+
+A transformers decoder layer runs RMSNorm as seven torch ops with float32 temporaries,
+rotary embeddings as ten, and the MLP's SiLU(gate) * up as two, each a pass over
+memory; at 1k-token prefills they took about a third of the time the matmuls did.
+`fuse_decoder_layers` replaces, in each layer of a llama-style model:
+  - the norms by FusedRMSNorm (one C pass per row);
+  - q/k/v by one projection (one matmul of their concatenated weights: oneDNN gives
+    every output bit-identical to the separate matmuls, and fewer, wider calls are
+    faster), then rotary embeddings of q and k in one C pass, then paged attention;
+  - gate/up by one projection, then SiLU(gate) * up in one C pass.
+Every fused op computes each row from that row alone, so outputs stay independent of
+batching and chunking, which the engine's exactness rests on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from inference.cpu_linear import can_pack
+from inference.native import load_library
+from inference.paged_attention import paged_attention
+
+FUSABLE_MODEL_TYPES = ("llama", "qwen2", "mistral")
+_I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+
+
+class FusedOps:
+    """The C functions, on bf16 tensors whose last dimension has unit stride."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.kvgate_rmsnorm_bf16.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]
+        lib.kvgate_silu_mul_bf16.argtypes = [_PTR, _I64, _PTR, _I64, _I64, _INT]
+        lib.kvgate_rotary_bf16.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT]
+        for fn in (lib.kvgate_rmsnorm_bf16, lib.kvgate_silu_mul_bf16, lib.kvgate_rotary_bf16):
+            fn.restype = None
+        self.lib = lib
+
+    @classmethod
+    def load(cls, cache_dir: Path) -> FusedOps | None:
+        lib = load_library("fused_ops", str(cache_dir))
+        return None if lib is None else cls(lib)
+
+    def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * bf16(x / sqrt(mean(x^2) + eps)) over the last dimension."""
+        rows = _rows(x)
+        out = torch.empty(x.shape, dtype=x.dtype)
+        weight = weight.contiguous()
+        self.lib.kvgate_rmsnorm_bf16(
+            rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(), rows.shape[0], rows.shape[1],
+            eps, torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """[..., 2N] -> [..., N]: SiLU of the first half times the second half."""
+        rows = _rows(gate_up)
+        n = rows.shape[1] // 2
+        out = torch.empty(*gate_up.shape[:-1], n, dtype=gate_up.dtype)
+        self.lib.kvgate_silu_mul_bf16(
+            rows.data_ptr(), rows.stride(0), out.data_ptr(), rows.shape[0], n, torch.get_num_threads()
+        )
+        return out
+
+    def rotary(
+        self, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int, head_dim: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """qkv [T, (heads + 2 kv_heads) * head_dim], cos/sin [T, head_dim] -> rotated q [T, H, D], k [T, KVH, D]."""
+        T = qkv.shape[0]
+        assert qkv.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+        q = torch.empty(T, heads, head_dim, dtype=qkv.dtype)
+        k = torch.empty(T, kv_heads, head_dim, dtype=qkv.dtype)
+        self.lib.kvgate_rotary_bf16(
+            qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.data_ptr(), k.data_ptr(),
+            T, heads, kv_heads, head_dim, torch.get_num_threads(),
+        )  # fmt: skip
+        return q, k
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    assert x.dtype == torch.bfloat16 and x.device.type == "cpu"
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(1) == 1 else rows.contiguous()
+
+
+class FusedRMSNorm(torch.nn.Module):
+    def __init__(self, norm: torch.nn.Module, ops: FusedOps) -> None:
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = float(norm.variance_epsilon)
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ops.rmsnorm(x, self.weight, self.eps)
+
+
+class FusedMLP(torch.nn.Module):
+    def __init__(self, mlp: torch.nn.Module, ops: FusedOps) -> None:
+        super().__init__()
+        self.gate_up_proj = _concat_linears(mlp.gate_proj, mlp.up_proj)
+        self.down_proj = mlp.down_proj
+        self.ops = ops
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
+
+
+class FusedAttention(torch.nn.Module):
+    """q/k/v in one matmul, fused rotary, then kvgate's paged attention (which reads kv_batch)."""
+
+    def __init__(self, attn: torch.nn.Module, ops: FusedOps) -> None:
+        super().__init__()
+        config = attn.config
+        self.config = config
+        self.layer_idx = attn.layer_idx
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.qkv_proj = _concat_linears(attn.q_proj, attn.k_proj, attn.v_proj)
+        self.o_proj = attn.o_proj
+        self.ops = ops
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        **kwargs: object,
+    ) -> tuple[torch.Tensor, None]:
+        T = hidden_states.shape[1]
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden_states)[0]
+        cos, sin = position_embeddings
+        q, k = self.ops.rotary(qkv, cos[0], sin[0], H, KVH, D)
+        v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
+        # The [1, heads, T, D] views transformers passes to an attention function.
+        query, key, value = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
+        kwargs.pop("scaling", None)
+        out, _ = paged_attention(self, query, key, value, attention_mask, scaling=self.scaling, **kwargs)
+        return self.o_proj(out.reshape(1, T, H * D)), None
+
+
+def _concat_linears(*linears: torch.nn.Linear) -> torch.nn.Linear:
+    """One nn.Linear computing the given ones' outputs side by side (packed later like any other)."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = [lin.bias is not None for lin in linears]
+    fused = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=all(has_bias), dtype=weight.dtype)
+    with torch.no_grad():
+        fused.weight.copy_(weight)
+        if all(has_bias):
+            fused.bias.copy_(torch.cat([lin.bias.detach() for lin in linears]))
+    return fused
+
+
+def _fusable(model: torch.nn.Module) -> bool:
+    config = model.config
+    return (
+        config.model_type in FUSABLE_MODEL_TYPES
+        and can_pack(model)
+        and getattr(config, "hidden_act", None) in ("silu", "swish")
+        and hasattr(model, "model")
+        and hasattr(model.model, "layers")
+    )
+
+
+def fuse_decoder_layers(model: torch.nn.Module, ops: FusedOps | None) -> int:
+    """Swap in the fused modules (once per model; a second call finds them); returns how many were swapped.
+
+    Only for a bf16 CPU model whose linears oneDNN packs (where the concatenated q/k/v and
+    gate/up matmuls are bit-identical to the separate ones), and only where every module of
+    a kind agrees on biases.
+    """
+    if ops is None or not _fusable(model):
+        return 0
+    swapped = 0
+    for layer in model.model.layers:
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            if _is_rmsnorm(getattr(layer, name)):
+                setattr(layer, name, FusedRMSNorm(getattr(layer, name), ops))
+                swapped += 1
+        attn = layer.self_attn
+        if not isinstance(attn, FusedAttention) and _same_bias(attn.q_proj, attn.k_proj, attn.v_proj):
+            layer.self_attn = FusedAttention(attn, ops)
+            swapped += 1
+        mlp = layer.mlp
+        if not isinstance(mlp, FusedMLP) and _same_bias(mlp.gate_proj, mlp.up_proj):
+            layer.mlp = FusedMLP(mlp, ops)
+            swapped += 1
+    if _is_rmsnorm(model.model.norm):
+        model.model.norm = FusedRMSNorm(model.model.norm, ops)
+        swapped += 1
+    return swapped
+
+
+def _is_rmsnorm(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith("RMSNorm") and hasattr(module, "variance_epsilon")
+
+
+def _same_bias(*linears: torch.nn.Module) -> bool:
+    return all(type(lin) is torch.nn.Linear for lin in linears) and len({lin.bias is None for lin in linears}) == 1
