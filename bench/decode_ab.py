@@ -1,6 +1,7 @@
 """Decode speed of this checkout against another one, interleaved, for a loaded machine.
 
 Run: .venv/bin/python bench/decode_ab.py --base /path/to/other/checkout [--rounds 5]
+     .venv/bin/python bench/decode_ab.py --base . --this-env GOMP_SPINCOUNT=100000  (same code, two settings)
 
 Two worker processes, one per checkout (each imports `inference` from its own tree),
 each load SmolLM2-135M-Instruct once. The driver then asks them in turn for one
@@ -51,8 +52,8 @@ for line in sys.stdin:
 """
 
 
-def start(checkout: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+def start(checkout: Path, extra_env: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(checkout), **dict(item.split("=", 1) for item in extra_env)}
     proc = subprocess.Popen(
         [sys.executable, "-c", WORKER],
         cwd=checkout,
@@ -88,9 +89,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=64, help="new tokens per request")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--base-env", nargs="*", default=[], metavar="NAME=VALUE", help="extra environment, base")
+    parser.add_argument("--this-env", nargs="*", default=[], metavar="NAME=VALUE", help="extra environment, this")
     args = parser.parse_args()
     this = Path(__file__).resolve().parent.parent
-    procs = {"base": start(args.base.resolve()), "this": start(this)}
+    procs = {"base": start(args.base.resolve(), args.base_env), "this": start(this, args.this_env)}
     results: dict[tuple[str, int], list[dict]] = {}
     load = [os.getloadavg()[0]]
     for streams in args.streams:

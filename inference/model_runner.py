@@ -88,15 +88,19 @@ class ModelRunner:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         # Only the rows that sample go through the LM head: it is the widest matmul of the model.
         if sample_rows == list(range(num_rows)):  # every decode step: no gather
-            return self._logits(hidden[:num_rows])
+            # A padded pass hands the LM head both rows too (no pad of its own), keeping the first.
+            return self._logits(hidden[:num_rows], head_rows=hidden)
         return self._logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)])
 
-    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+    def _logits(self, rows: torch.Tensor, head_rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits. In bf16/fp16 the LM head rounds its outputs to a step of ~0.1 at
         typical magnitudes, so near-ties between the top tokens are decided by rounding; the
         RESCORE top candidates are recomputed in float32 from the same inputs (row by row,
-        so batching cannot change them), and greedy picks by those exact scores."""
-        logits = self.model.lm_head(rows).float()
+        so batching cannot change them), and greedy picks by those exact scores.
+
+        head_rows: rows to run the LM head on, of which `rows` are the first (a padded pass)."""
+        head_rows = rows if head_rows is None else head_rows
+        logits = self.model.lm_head(head_rows)[: rows.shape[0]].float()
         if rows.dtype == torch.float32 or self.lm_weight is None:
             return logits
         k = min(RESCORE, logits.shape[-1])

@@ -128,9 +128,6 @@ def _attend_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: in
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
 
 
-# Always eager, also inside torch.compile'd layers (inference/compiled_layers.py): it writes the
-# pool and calls a ctypes kernel, and traced it would specialise each layer's graph on its index.
-@torch._dynamo.disable
 def paged_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
