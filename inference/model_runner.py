@@ -65,12 +65,14 @@ class ModelRunner:
         num_rows = len(ids)
         rows = _row_layout(chunks, positions) if self.cpu_kernel is not None else None
         if num_rows == 1 and self.pad_single_row:
-            # A lone row (one stream decoding) runs as two identical rows: every packed linear
-            # would otherwise pad it with a zero row itself (see PackedLinear), four more ops per
+            # A lone row (one stream decoding) runs as two rows: every packed linear would
+            # otherwise pad it with a zero row itself (see PackedLinear), four more ops per
             # linear; this pads it once for the whole pass. Row 0 is unchanged: rows never
-            # depend on each other. Only row 0 writes its KV (slot_mapping has one entry).
+            # depend on each other. Only row 0 writes its KV (slot_mapping has one entry), and
+            # the copy attends as position 0 (one key) rather than over the whole context again.
             ids, positions = ids * 2, positions * 2
-            rows = RowLayout(rows.row_seq.repeat(2), rows.row_pos.repeat(2), rows.block_tables)
+            row_pos = torch.tensor([positions[0], 0], dtype=torch.int32)
+            rows = RowLayout(rows.row_seq.repeat(2), row_pos, rows.block_tables)
         batch = AttentionBatch(
             kv=self.kv,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
