@@ -107,6 +107,12 @@ def main() -> None:
     for proc in procs.values():
         proc.stdin.close()
         proc.wait()
+    for streams in args.streams:
+        pairs = zip(results[("base", streams)], results[("this", streams)], strict=True)
+        print(
+            f"{streams} stream(s), tok/s per round (base, this):",
+            [(round(x["tok_s"], 1), round(y["tok_s"], 1)) for x, y in pairs],
+        )
     print(f"load average (1 min) during the run: {min(load):.1f} to {max(load):.1f}")
     print("| streams | base tok/s | this tok/s | this/base | base CPU ms/token | this CPU ms/token |")
     print("|---|---|---|---|---|---|")
