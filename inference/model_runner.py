@@ -51,30 +51,43 @@ class ModelRunner:
         self.lm_weight = _lm_head_weight(model)
         # Before packing: the fused q/k/v and gate/up projections are packed like the others.
         fuse_decoder_layers(model, fused_ops)
-        pack_linears(model)
+        packed = pack_linears(model) > 0 or getattr(model, "kvgate_packed", False)
+        model.kvgate_packed = packed  # a second runner over the same model finds nothing left to pack
+        # Single-row passes padded once per pass, for packed linears under the CPU kernel (whose
+        # rows carry their own sequence and position, so a duplicate row is well-defined).
+        self.pad_single_row = packed and cpu_kernel is not None
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Compute the chunks' KV into the pool; return float32 logits for the chunks that sample."""
         dev = self.device
-        ids, positions, slots, seqs, sample_rows = [], [], [], [], []
-        q = 0
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        sample_rows: list[int] = []
         for chunk in chunks:
-            n = len(chunk.token_ids)
             ids.extend(chunk.token_ids)
             positions.extend(range(chunk.start, chunk.end))
             slots.extend(chunk.slots)
-            block_ids = torch.tensor(chunk.block_ids, dtype=torch.long, device=dev)
-            seqs.append(SeqSlice(q_start=q, q_end=q + n, pos_start=chunk.start, block_ids=block_ids))
-            q += n
             if chunk.sample:
-                sample_rows.append(q - 1)
+                sample_rows.append(len(ids) - 1)
+        num_rows = len(ids)
+        rows = _row_layout(chunks, positions) if self.cpu_kernel is not None else None
+        if num_rows == 1 and self.pad_single_row:
+            # A lone row (one stream decoding) runs as two rows: every packed linear would
+            # otherwise pad it with a zero row itself (see PackedLinear), four more ops per
+            # linear; this pads it once for the whole pass. Row 0 is unchanged: rows never
+            # depend on each other. Only row 0 writes its KV (slot_mapping has one entry), and
+            # the copy attends as position 0 (one key) rather than over the whole context again.
+            ids, positions = ids * 2, positions * 2
+            row_pos = torch.tensor([positions[0], 0], dtype=torch.int32)
+            rows = RowLayout(rows.row_seq.repeat(2), row_pos, rows.block_tables)
         batch = AttentionBatch(
             kv=self.kv,
             slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
-            seqs=tuple(seqs),
+            seqs=_seq_slices(chunks, dev) if self.cpu_kernel is None else (),
             cpu_kernel=self.cpu_kernel,
-            rows=_row_layout(chunks, positions) if self.cpu_kernel is not None else None,
+            rows=rows,
         )
         hidden = self.model.model(
             input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
@@ -85,15 +98,20 @@ class ModelRunner:
         if not sample_rows:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         # Only the rows that sample go through the LM head: it is the widest matmul of the model.
-        rows = hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)]
-        return self._logits(rows)
+        if sample_rows == list(range(num_rows)):  # every decode step: no gather
+            # A padded pass hands the LM head both rows too (no pad of its own), keeping the first.
+            return self._logits(hidden[:num_rows], head_rows=hidden)
+        return self._logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)])
 
-    def _logits(self, rows: torch.Tensor) -> torch.Tensor:
+    def _logits(self, rows: torch.Tensor, head_rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits. In bf16/fp16 the LM head rounds its outputs to a step of ~0.1 at
         typical magnitudes, so near-ties between the top tokens are decided by rounding; the
         RESCORE top candidates are recomputed in float32 from the same inputs (row by row,
-        so batching cannot change them), and greedy picks by those exact scores."""
-        logits = self.model.lm_head(rows).float()
+        so batching cannot change them), and greedy picks by those exact scores.
+
+        head_rows: rows to run the LM head on, of which `rows` are the first (a padded pass)."""
+        head_rows = rows if head_rows is None else head_rows
+        logits = self.model.lm_head(head_rows)[: rows.shape[0]].float()
         if rows.dtype == torch.float32 or self.lm_weight is None:
             return logits
         k = min(RESCORE, logits.shape[-1])
@@ -116,17 +134,26 @@ def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
 
 
 def _row_layout(chunks: Sequence[Chunk], positions: list[int]) -> RowLayout:
+    # One tensor per field, built from Python lists in one call each (not one per chunk).
     width = max(len(c.block_ids) for c in chunks)
-    tables = torch.zeros(len(chunks), width, dtype=torch.int32)
-    row_seq = []
-    for i, chunk in enumerate(chunks):
-        tables[i, : len(chunk.block_ids)] = torch.tensor(chunk.block_ids, dtype=torch.int32)
-        row_seq.extend([i] * len(chunk.token_ids))
+    tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks]
+    row_seq = [i for i, chunk in enumerate(chunks) for _ in range(len(chunk.token_ids))]
     return RowLayout(
         row_seq=torch.tensor(row_seq, dtype=torch.int32),
         row_pos=torch.tensor(positions, dtype=torch.int32),
-        block_tables=tables,
+        block_tables=torch.tensor(tables, dtype=torch.int32),
     )
+
+
+def _seq_slices(chunks: Sequence[Chunk], device: torch.device) -> tuple[SeqSlice, ...]:
+    """Per-sequence metadata for the torch attention path (the CPU kernel reads RowLayout instead)."""
+    seqs, q = [], 0
+    for chunk in chunks:
+        n = len(chunk.token_ids)
+        block_ids = torch.tensor(chunk.block_ids, dtype=torch.long, device=device)
+        seqs.append(SeqSlice(q_start=q, q_end=q + n, pos_start=chunk.start, block_ids=block_ids))
+        q += n
+    return tuple(seqs)
 
 
 def _use_paged_attention(model: torch.nn.Module) -> None:

@@ -45,6 +45,12 @@ class KVTensors:
         self.cache = torch.zeros(
             num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device
         )
+        # Each layer's K and V pools and their one-row-per-slot views, made once: every layer of
+        # every step reads them, and slicing them anew cost six tensor ops per layer.
+        self.layer_pools = [(self.cache[i, 0], self.cache[i, 1]) for i in range(num_layers)]
+        self._flat = [
+            (k.view(-1, num_kv_heads, head_dim), v.view(-1, num_kv_heads, head_dim)) for k, v in self.layer_pools
+        ]
 
     @staticmethod
     def bytes_per_block(
@@ -58,7 +64,7 @@ class KVTensors:
 
     def flat(self, layer: int, kv: int) -> torch.Tensor:
         """[num_blocks * block_size, kv_heads, head_dim]: one row per token slot."""
-        return self.cache[layer, kv].view(-1, self.num_kv_heads, self.head_dim)
+        return self._flat[layer][kv]
 
 
 @dataclass(frozen=True)
@@ -140,12 +146,17 @@ def paged_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     new_k = key[0].transpose(0, 1)
     new_v = value[0].transpose(0, 1)
-    kv.flat(layer, 0).index_copy_(0, kv_batch.slot_mapping, new_k)
-    kv.flat(layer, 1).index_copy_(0, kv_batch.slot_mapping, new_v)
+    written = kv_batch.slot_mapping.shape[0]
+    if written != new_k.shape[0]:  # a padded pass (ModelRunner): only the real rows write
+        new_k, new_v = new_k[:written], new_v[:written]
+    flat_k, flat_v = kv._flat[layer]
+    flat_k.index_copy_(0, kv_batch.slot_mapping, new_k)
+    flat_v.index_copy_(0, kv_batch.slot_mapping, new_v)
     if kv_batch.cpu_kernel is not None:
         assert kv_batch.rows is not None
         q = query[0].transpose(0, 1)
-        out = kv_batch.cpu_kernel(q, kv.cache[layer, 0], kv.cache[layer, 1], kv_batch.rows, scale)
+        k_pool, v_pool = kv.layer_pools[layer]
+        out = kv_batch.cpu_kernel(q, k_pool, v_pool, kv_batch.rows, scale)
         return out.unsqueeze(0), None
 
     out = query.new_empty(query.shape[2], query.shape[1], query.shape[3])
