@@ -40,6 +40,7 @@ set_openmp_defaults()
 import torch  # noqa: E402
 
 from bench.report import machine_description, write_section  # noqa: E402
+from inference import fused_ops as fused_ops_module  # noqa: E402
 from inference import paged_attention as attention_module  # noqa: E402
 from inference.cpu_linear import PackedLinear  # noqa: E402
 from inference.engine import Engine  # noqa: E402
@@ -66,9 +67,10 @@ def instrument(engine: Engine) -> None:
     # The attention function is looked up by name in transformers' registry at every call.
     from transformers import AttentionInterface
 
-    AttentionInterface.register(
-        attention_module.ATTN_IMPLEMENTATION, timed("attention", attention_module.paged_attention)
-    )
+    attention = timed("attention", attention_module.paged_attention)
+    AttentionInterface.register(attention_module.ATTN_IMPLEMENTATION, attention)
+    # Fused decoder layers (bf16 on CPU) call it directly, not through the registry: one or the other runs.
+    fused_ops_module.paged_attention = attention
     engine.runner._logits = timed("lm_head", engine.runner._logits)
     engine.runner.model.model.forward = timed("forward", engine.runner.model.model.forward)
     engine.runner.execute = timed("execute", engine.runner.execute)
