@@ -183,7 +183,7 @@ def run_table(
 ) -> list[RunResult]:
     results = []
     for name in workloads:
-        requests = generate(scaled(WORKLOADS[name], factor), engines, seed)
+        requests = generate(scaled(WORKLOADS[name], factor), engines, seed, lambda n: cost.prefill_s(n, 0, 0))
         for policy in policies:
             results.append(
                 simulate(requests, policy, engines=engines, cost=cost, sizes=sizes, weights=weights, workload=name)
@@ -191,9 +191,10 @@ def run_table(
     return results
 
 
-def table(results: list[RunResult]) -> list[str]:
+def table(results: list[RunResult], *, by_engines: bool = False) -> list[str]:
+    first = "engines" if by_engines else "workload"
     lines = [
-        "| workload | policy | requests | hit rate | × round-robin | from device | TTFT p50 | TTFT p99 "
+        f"| {first} | policy | requests | hit rate | × round-robin | from device | TTFT p50 | TTFT p99 "
         "| imbalance p99 | × round-robin |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -203,7 +204,8 @@ def table(results: list[RunResult]) -> list[str]:
         hit_x = f"{r.hit_rate / rr.hit_rate:.2f}×" if rr and rr.hit_rate else "-"
         imb_x = f"{r.imbalance_p99 / rr.imbalance_p99:.2f}×" if rr else "-"
         lines.append(
-            f"| {r.workload} | {r.policy} | {r.requests} | {r.hit_rate:.1%} | {hit_x} | {r.device_share:.0%} "
+            f"| {r.engines if by_engines else r.workload} | {r.policy} | {r.requests} | {r.hit_rate:.1%} | {hit_x} "
+            f"| {r.device_share:.0%} "
             f"| {r.ttft_p50:.2f} s | {r.ttft_p99:.2f} s | {r.imbalance_p99:.2f} | {imb_x} |"
         )
     return lines
@@ -215,6 +217,9 @@ def main() -> None:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--scaling", default="8,64", help="engine counts for the scaling table (multiturn, quick); '' for none"
+    )
     parser.add_argument("--quick", action="store_true", help="a third of the simulated time")
     parser.add_argument("--write-docs", action="store_true", help="rewrite this section of docs/benchmarks.md")
     parser.add_argument("--tune", action="store_true", help="grid-search the event-fed router's weights")
@@ -239,11 +244,30 @@ def main() -> None:
     )
     lines = table(results)
     print("\n".join(lines))
+    scaling = []
+    counts = [int(n) for n in args.scaling.split(",") if n]
+    if counts:
+        policies = ["round-robin", "sglang-approx", "event-fed"]
+        rows = [r for r in results if r.workload == "multiturn" and r.policy in policies] if factor < 1 else []
+        for n in sorted({*counts, args.engines}):
+            if n != args.engines or not rows:
+                rows += run_table(["multiturn"], policies, n, 1 / 3, args.seed, weights, cost, sizes)
+        scaling = table(sorted(rows, key=lambda r: (r.engines, policies.index(r.policy))), by_engines=True)
+        print("\n".join(scaling))
     print(f"({time.perf_counter() - started:.1f} s; router: {'real' if real_router_available() else 'PLACEHOLDER'})")
     if args.write_docs:
         from bench.route_sim_report import write_docs
 
-        write_docs(results, lines, cost=cost, sizes=sizes, weights=weights, engines=args.engines, factor=factor)
+        write_docs(
+            results,
+            lines,
+            cost=cost,
+            sizes=sizes,
+            weights=weights,
+            engines=args.engines,
+            factor=factor,
+            scaling=scaling,
+        )
 
 
 if __name__ == "__main__":

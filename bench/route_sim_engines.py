@@ -55,8 +55,8 @@ class CostModel:
 
 @dataclass(frozen=True)
 class TierSizes:
-    device_blocks: int = 2048  # 32k tokens, ~0.75 GB of SmolLM2 KV
-    host_blocks: int = 8192
+    device_blocks: int = 1024  # 16k tokens, ~0.37 GB of SmolLM2 KV: a third of the 1 GiB default pool
+    host_blocks: int = 4096
     ttl_s: float = 300.0
 
 

@@ -10,14 +10,20 @@ random.Random, so a workload is the same on every run.
 Arrivals are open-loop: turn k+1 arrives a think time after turn k arrived plus the
 time to read the reply, whatever the policy did, so every policy sees the same requests
 at the same instants.
+
+Load: a workload's sessions (their number and contents) depend only on the seed; the
+window in which they start is then stretched or squeezed so that the offered load is
+`offered_load`: the prefill work of every prompt computed from scratch (no cache at all,
+at the calibrated cost) / (engines × the window). Above 1, a cluster without prefix
+caching could not keep up; with it, hits decide the latency. Think times stay as drawn.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from inference.hashing import BlockHash, BlockHasher
 
@@ -51,8 +57,9 @@ class WorkloadSpec:
     zipf_s: float = 1.1  # tenant popularity: weight of rank k is 1/k^s
     system_min: int = 256
     system_max: int = 2048
-    duration_s: float = 600.0  # sessions start in [0, duration)
+    duration_s: float = 600.0  # sessions start in [0, duration) before the load stretches it
     sessions_per_s_per_engine: float = 0.2
+    offered_load: float = 1.5  # cold prefill work / (engines × start window)
     mean_turns: float = 5.0  # 1 for single-turn requests
     max_turns: int = 16
     user_min: int = 16
@@ -69,10 +76,20 @@ class WorkloadSpec:
 WORKLOADS = {
     "multiturn": WorkloadSpec("multiturn"),
     "sysprompt": WorkloadSpec(
-        "sysprompt", mean_turns=1.0, sessions_per_s_per_engine=0.5, system_min=512, system_max=3072
+        "sysprompt",
+        mean_turns=1.0,
+        sessions_per_s_per_engine=0.5,
+        system_min=512,
+        system_max=3072,
+        offered_load=1.2,
     ),
     "bursts": WorkloadSpec(
-        "bursts", sessions_per_s_per_engine=0.1, burst_every_s=30.0, burst_sessions=48, mean_turns=3.0
+        "bursts",
+        sessions_per_s_per_engine=0.1,
+        burst_every_s=30.0,
+        burst_sessions=48,
+        mean_turns=3.0,
+        offered_load=1.2,
     ),
 }
 
@@ -119,8 +136,13 @@ def _session(
     return out
 
 
-def generate(spec: WorkloadSpec, engines: int, seed: int) -> list[SimRequest]:
-    """All requests of a workload for a cluster of `engines`, sorted by arrival."""
+def generate(
+    spec: WorkloadSpec, engines: int, seed: int, cold_prefill_s: Callable[[int], float] | None = None
+) -> list[SimRequest]:
+    """All requests of a workload for a cluster of `engines`, sorted by arrival.
+
+    With cold_prefill_s (seconds to prefill n tokens from scratch), session starts are rescaled to
+    spec.offered_load; without it they stay at spec.sessions_per_s_per_engine."""
     rng = random.Random(f"{spec.name}/{engines}/{seed}")
     hasher = BlockHasher(model_id=MODEL_ID, block_size=BLOCK_SIZE)
     tenants = [_Tenant(i, rng, spec, hasher) for i in range(spec.tenants)]
@@ -141,12 +163,15 @@ def generate(spec: WorkloadSpec, engines: int, seed: int) -> list[SimRequest]:
     starts.sort()
     for session, (start, tenant) in enumerate(starts):
         requests += _session(rng, spec, hasher, tenant, tenants[tenant], session, start)
+    if cold_prefill_s is not None and spec.offered_load > 0 and requests:
+        work = sum(cold_prefill_s(r.prompt_tokens) for r in requests)
+        stretch = work / (engines * spec.offered_load) / spec.duration_s
+        begun = {r.session: r.arrival for r in requests if r.turn == 0}
+        requests = [replace(r, arrival=r.arrival + begun[r.session] * (stretch - 1)) for r in requests]
     requests.sort(key=lambda r: (r.arrival, r.session))
     return requests
 
 
 def scaled(spec: WorkloadSpec, factor: float) -> WorkloadSpec:
     """The same workload over a shorter (factor < 1) or longer window: for quick runs and tests."""
-    from dataclasses import replace
-
     return replace(spec, duration_s=spec.duration_s * factor)
