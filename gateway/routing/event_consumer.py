@@ -143,8 +143,14 @@ class KVEventConsumer:
         return self.subscribed and engine_id in self.engines and not (state is not None and state.failed)
 
     def last_seq(self, engine_id: str) -> int | None:
+        """The last batch applied from this engine (a snapshot's seq counts); None before any."""
         state = self._states.get(engine_id)
         return state.last_seq if state is not None else None
+
+    def buffered(self, engine_id: str) -> int:
+        """Batches from this engine held back while its resync runs."""
+        state = self._states.get(engine_id)
+        return len(state.buffer) if state is not None else 0
 
     async def _run(self) -> None:
         delay = self._backoff
