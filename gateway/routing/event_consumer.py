@@ -72,6 +72,7 @@ class _EngineState:
     resyncing: bool = False
     buffer: list[KVEventBatch] = field(default_factory=list)
     failed: bool = False
+    unknown_logged: bool = False
 
 
 class KVEventConsumer:
@@ -252,6 +253,17 @@ class KVEventConsumer:
             log.info("kv_events_gap", engine=engine_id, last_seq=state.last_seq, seq=batch.seq)
             if self.metrics is not None:
                 self.metrics.event_gaps.labels(engine_id).inc()
+        if engine_id not in self.engines:
+            # No URL to resync from (the pool has not met this engine yet, or it is not in this pool):
+            # keep what the events say from here on, dropping what a gap may have made stale.
+            if not state.unknown_logged:
+                state.unknown_logged = True
+                log.info("kv_events_unknown_engine", engine=engine_id)
+            if state.last_seq is not None:
+                self.index.forget_engine(engine_id)
+            self.index.apply(engine_id, batch, now=self._now())
+            state.last_seq = batch.seq
+            return
         state.buffer.append(batch)
         self.resync(engine_id)
 
@@ -263,7 +275,9 @@ class KVEventConsumer:
     # -- resync -------------------------------------------------------------------------------------
 
     def resync(self, engine_id: str) -> None:
-        """Reload one engine's entries from its snapshot, in the background (no-op while one runs)."""
+        """Reload one engine's entries from its snapshot, in the background (no-op while one runs). The pool
+        calls it when it adds an engine to `engines`; batches from engines not in it are applied as they
+        come, without resyncs, and such engines are not covered."""
         state = self._states.setdefault(engine_id, _EngineState())
         if state.resyncing:
             return

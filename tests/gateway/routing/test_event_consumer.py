@@ -258,3 +258,28 @@ async def test_without_nats_the_router_falls_back_to_its_own_choices():
     finally:
         await asyncio.wait_for(consumer.close(), 60)
         sock.close()
+
+
+async def test_an_engine_the_pool_has_not_met_is_followed_until_it_can_be_resynced(publisher, snapshot_server):
+    index = BlockIndex()
+    engines: dict[str, str] = {}
+    consumer = KVEventConsumer(index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05)
+    await consumer.start()
+    try:
+        await until(lambda: consumer.subscribed, "the subscription")
+        await publisher.batch("e4", 3, stored(HASHES[:2]))
+        await until(lambda: consumer.last_seq("e4") == 3, "batch 3 of an unknown engine")
+        assert matched(index, "e4") == PrefixMatch(2, 0, 0) and not consumer.covers("e4")
+        # A gap with no URL to resync from: what may be stale is dropped, the new batch kept.
+        await publisher.batch("e4", 6, stored(HASHES[5:6]))
+        await until(lambda: consumer.last_seq("e4") == 6, "batch 6")
+        assert matched(index, "e4") == PrefixMatch(0, 0, 0) and len(index) == 1
+        assert snapshot_server.requests == 0
+        # The pool meets it: a resync, and from then on it is covered.
+        snapshot_server.snapshots["e4"] = snapshot("e4", 6, HASHES[:4])
+        engines["e4"] = f"{snapshot_server.url()}/e4"
+        consumer.resync("e4")
+        await until(lambda: matched(index, "e4") == PrefixMatch(4, 0, 0), "the resync")
+        assert consumer.covers("e4")
+    finally:
+        await consumer.close()
