@@ -197,38 +197,36 @@ class BlockIndex:
         counts = {engine_id: [0, 0, 0] for engine_id in engine_ids}
         phase = dict.fromkeys(counts, DEVICE)  # the worst tier a block of the prefix needed so far
         readers = phase.keys() if shared_readers is None else shared_readers
+        active = list(counts)  # the engines whose prefix has not ended yet
+        no_holders: dict[str, list[float]] = {}
         for block_hash in block_hashes:
-            if not phase:
-                break
-            holders = self._engines.get(block_hash)
-            shared_until = self._shared.get(block_hash, _ABSENT)
-            if shared_until != _ABSENT and shared_until <= now:
+            holders = self._engines.get(block_hash, no_holders)
+            shared_until = self._shared.get(block_hash)
+            shared = shared_until is not None and shared_until > now
+            if shared_until is not None and not shared:
                 del self._shared[block_hash]  # lazily pruned
-                shared_until = _ABSENT
-            if holders is None and shared_until == _ABSENT:
+            if not holders and not shared:
                 break
-            for engine_id in list(phase):
-                where = self._best(block_hash, holders, engine_id, now)
-                if where is None and shared_until != _ABSENT and engine_id in readers:
+            still = []
+            for engine_id in active:
+                # Inlined (this loop is the router's per-request cost): the best live copy, else the shared tier.
+                copies = holders.get(engine_id)
+                if copies is not None and copies[DEVICE] > now:
+                    where = DEVICE
+                elif copies is not None and copies[LOWER] > now:
+                    where = LOWER
+                elif shared and engine_id in readers:
                     where = SHARED
-                if where is None:
-                    del phase[engine_id]
+                else:
+                    if copies is not None and copies[DEVICE] <= now and copies[LOWER] <= now:
+                        self._drop(block_hash, engine_id)  # both copies expired: lazily pruned
                     continue
-                if where > phase[engine_id]:
-                    phase[engine_id] = where
-                counts[engine_id][phase[engine_id]] += 1
+                worst = phase[engine_id]
+                if where > worst:
+                    phase[engine_id] = worst = where
+                counts[engine_id][worst] += 1
+                still.append(engine_id)
+            if not still:
+                break
+            active = still
         return {engine_id: PrefixMatch(*c) for engine_id, c in counts.items()}
-
-    def _best(
-        self, block_hash: BlockHash, holders: dict[str, list[float]] | None, engine_id: str, now: float
-    ) -> int | None:
-        copies = holders.get(engine_id) if holders is not None else None
-        if copies is None:
-            return None
-        if copies[DEVICE] > now:
-            return DEVICE
-        if copies[LOWER] > now:
-            copies[DEVICE] = _ABSENT
-            return LOWER
-        self._drop(block_hash, engine_id)  # both copies expired: lazily pruned
-        return None

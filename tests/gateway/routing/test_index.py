@@ -116,3 +116,12 @@ def test_memory_is_bounded_oldest_first():
     assert matches["e2"] == PrefixMatch(2, 0, 0)  # kept: refreshed last
     assert matches["e1"] == PrefixMatch(2, 0, 0)  # its blocks 2-3 were the oldest
     assert index.match(HASHES[4:], ["e3"], now=NOW)["e3"] == PrefixMatch(2, 0, 0)
+
+
+def test_expired_shared_blocks_are_ignored_and_pruned():
+    index = BlockIndex()
+    index.apply("e1", batch(stored(HASHES[:2], "REMOTE", NOW + 10)), now=NOW)
+    assert index.match(HASHES, ["e2"], now=NOW + 5)["e2"] == PrefixMatch(0, 0, 2)
+    assert len(index) == 2
+    assert index.match(HASHES, ["e2"], now=NOW + 11)["e2"] == PrefixMatch(0, 0, 0)
+    assert len(index) == 1  # the first, met by the walk
