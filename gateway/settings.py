@@ -80,6 +80,44 @@ class GatewaySettings(KvgateSettings):
         description="After SIGTERM, `kvgate serve` exits within this many seconds: requests in flight get two "
         "thirds of it, then are cancelled (and recorded); the rest bounds the shutdown (engine stop, KV write-out).",
     )
+    nats_url: str | None = Field(
+        None,
+        description="NATS (JetStream) server the engines publish KV events to, e.g. nats://127.0.0.1:4222; the router "
+        "follows them. Unset: no events, the router remembers where it sent each prefix instead.",
+    )
+    route_alpha: float = Field(
+        0.8, ge=0, le=1, description="Router: credit per leading prompt block in an engine's host or disk tier."
+    )
+    route_beta: float = Field(
+        0.6, ge=0, le=1, description="Router: credit per leading prompt block in the shared (Redis) tier."
+    )
+    route_w_load: float = Field(
+        2.0, ge=0, description="Router: cost, in blocks, of each request in flight on an engine."
+    )
+    route_w_queue: float = Field(
+        0.0625, ge=0, description="Router: cost, in blocks, of each prompt token queued for prefill on an engine."
+    )
+    route_min_match_blocks: int = Field(
+        2, ge=1, description="Router: a cached prefix shorter than this many blocks does not attract a request."
+    )
+    route_imbalance_abs: int = Field(
+        16,
+        ge=0,
+        description="Router: when the busiest engine has more than this many requests in flight above the least busy "
+        "(and KVGATE_ROUTE_IMBALANCE_REL times as many), requests go to the least busy.",
+    )
+    route_imbalance_rel: float = Field(
+        1.5, ge=1, description="Router: the ratio half of the imbalance rule (see KVGATE_ROUTE_IMBALANCE_ABS)."
+    )
+    route_popular_requests: float = Field(
+        8.0,
+        gt=0,
+        description="Router: a prefix where this many recent requests' matches ended (a shared system prompt) no "
+        "longer attracts requests; they go by load and the prefix spreads.",
+    )
+    route_popular_half_life_s: float = Field(
+        30.0, gt=0, description="Router: how fast the popular-prefix count forgets a request."
+    )
 
 
 @lru_cache

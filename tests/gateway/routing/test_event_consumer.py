@@ -1,0 +1,285 @@
+"""KVEventConsumer against the real NATS JetStream at 127.0.0.1:4222 and a real HTTP snapshot server.
+
+Each test publishes crafted KVEventBatch messages on a model id of its own (so tests running side by
+side never see each other's events), and purges its subjects afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import msgspec
+import nats
+import pytest
+import uvicorn
+from prometheus_client import CollectorRegistry
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.routing.cache_aware import CacheAwareRouter
+from gateway.routing.event_consumer import KVEventConsumer, ensure_stream
+from gateway.routing.index import BlockIndex
+from gateway.routing.metrics import RoutingMetrics
+from gateway.routing.types import EngineLoad, PrefixMatch
+from inference.hashing import BlockHasher
+from kvgate.kv_events import (
+    STREAM_NAME,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVSnapshot,
+    SnapshotBlock,
+    encode_batch,
+    model_subjects,
+    subject,
+)
+
+NATS_URL = "nats://127.0.0.1:4222"
+HASHES = BlockHasher(model_id="m", block_size=4).hash_blocks(list(range(40)), "salt")  # 10 blocks
+FAR = 4_000_000_000.0  # an expiry these tests never reach (epoch seconds, year 2096)
+
+
+async def until(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    """Polls a condition (the consumer works in the background); generous for a loaded machine."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def stored(hashes: list[bytes], medium: str = "CPU") -> BlockStored:
+    return BlockStored(hashes, None, [], 4, medium=medium, ttl_s=300, expires_at=FAR)
+
+
+def snapshot(engine_id: str, seq: int, hashes: list[bytes]) -> KVSnapshot:
+    return KVSnapshot(engine_id, seq, [SnapshotBlock(h.hex(), "CPU", FAR) for h in hashes])
+
+
+@dataclass
+class SnapshotServer:
+    """Serves GET /<engine>/kv/snapshot from `snapshots[engine]`; `fail` (or no snapshot) answers 500."""
+
+    port: int
+    snapshots: dict[str, KVSnapshot] = field(default_factory=dict)
+    requests: int = 0
+    fail: bool = False
+
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+async def snapshot_server() -> AsyncIterator[SnapshotServer]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    state = SnapshotServer(port=sock.getsockname()[1])
+
+    async def kv_snapshot(request: Request) -> Response:
+        # One server stands for several engines: each engine's base URL is the server's URL + "/<engine>".
+        state.requests += 1
+        engine = request.path_params["engine"]
+        if state.fail or engine not in state.snapshots:
+            return Response("no snapshot", status_code=500)
+        return Response(msgspec.json.encode(state.snapshots[engine]), media_type="application/json")
+
+    app = Starlette(routes=[Route("/{engine}/kv/snapshot", kv_snapshot)])
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    await until(lambda: server.started, "the snapshot server")
+    try:
+        yield state
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 60)
+        sock.close()
+
+
+@pytest.fixture
+async def publisher() -> AsyncIterator[Publisher]:
+    nc = await nats.connect(NATS_URL)
+    js = nc.jetstream()
+    await ensure_stream(js)
+    pub = Publisher(js, model_id=f"test-router-{uuid.uuid4().hex[:12]}")
+    try:
+        yield pub
+    finally:
+        await js.purge_stream(STREAM_NAME, subject=model_subjects(pub.model_id))
+        await nc.close()
+
+
+@dataclass
+class Publisher:
+    js: object
+    model_id: str
+
+    async def batch(self, engine: str, seq: int, *events: object) -> None:
+        batch = KVEventBatch(ts=0.0, events=list(events), seq=seq, engine_id=engine)
+        await self.js.publish(subject(self.model_id, engine), encode_batch(batch))
+
+    async def raw(self, engine: str, data: bytes) -> None:
+        await self.js.publish(subject(self.model_id, engine), data)
+
+
+def matched(index: BlockIndex, engine: str) -> PrefixMatch:
+    return index.match(HASHES, [engine], now=1_000_000.0)[engine]
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+async def test_events_feed_the_index_and_gaps_and_restarts_resync(publisher, snapshot_server):
+    registry = CollectorRegistry(auto_describe=False)
+    index = BlockIndex()
+    metrics = RoutingMetrics(registry, index_size=index.__len__)
+    engines = {"e1": f"{snapshot_server.url()}/e1"}
+    snapshot_server.snapshots["e1"] = snapshot("e1", 0, [])
+    consumer = KVEventConsumer(
+        index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, metrics=metrics, backoff_s=0.05
+    )
+    await consumer.start()
+    try:
+        # At start every known engine is resynced from its snapshot.
+        await until(lambda: consumer.subscribed and consumer.last_seq("e1") == 0, "the start-up resync")
+        assert consumer.covers("e1") and not consumer.covers("unknown-engine")
+
+        await publisher.batch("e1", 1, stored(HASHES[:3]), stored(HASHES[3:4], "HOST"))
+        await until(lambda: matched(index, "e1") == PrefixMatch(3, 1, 0), "batch 1")
+
+        # Batches 2-3 are lost: batch 4 shows the gap, and the snapshot (as of batch 4) replaces the entries.
+        snapshot_server.snapshots["e1"] = snapshot("e1", 4, HASHES[:6])
+        await publisher.batch("e1", 4, stored(HASHES[5:6]))
+        await until(lambda: consumer.last_seq("e1") == 4, "the resync after the gap")
+        assert matched(index, "e1") == PrefixMatch(6, 0, 0)
+        assert sample(registry, "kvgate:router_event_gaps_total", engine="e1") == 1
+        assert sample(registry, "kvgate:router_resyncs_total", engine="e1", outcome="ok") == 2
+
+        # A message that is not a batch is skipped; the next batch still applies.
+        await publisher.raw("e1", b"\x93not a batch")
+        await publisher.batch("e1", 5, BlockRemoved(HASHES[4:5], "CPU"))
+        await until(lambda: consumer.last_seq("e1") == 5, "batch 5")
+        assert matched(index, "e1") == PrefixMatch(4, 0, 0)
+        assert sample(registry, "kvgate:router_bad_event_messages_total") == 1
+        assert sample(registry, "kvgate:router_event_gaps_total", engine="e1") == 1  # no gap for the bad one
+
+        # The engine restarts: seq 1 again, AllBlocksCleared first. A resync follows.
+        snapshot_server.snapshots["e1"] = snapshot("e1", 1, HASHES[:2])
+        await publisher.batch("e1", 1, AllBlocksCleared(), stored(HASHES[:2]))
+        await until(lambda: consumer.last_seq("e1") == 1, "the resync after the restart")
+        assert matched(index, "e1") == PrefixMatch(2, 0, 0)
+        assert sample(registry, "kvgate:router_resyncs_total", engine="e1", outcome="ok") == 3
+
+        # Events arriving after the snapshot's seq still apply in order.
+        await publisher.batch("e1", 2, stored(HASHES[2:3]))
+        await until(lambda: matched(index, "e1") == PrefixMatch(3, 0, 0), "batch 2 after the restart")
+    finally:
+        await consumer.close()
+
+
+async def test_batches_arriving_during_a_resync_are_buffered(publisher, snapshot_server):
+    index = BlockIndex()
+    engines = {"e2": f"{snapshot_server.url()}/e2"}
+    # No snapshot yet: the start-up resync keeps retrying (with backoff) while batches arrive.
+    consumer = KVEventConsumer(
+        index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05, resync_attempts=1000
+    )
+    await consumer.start()
+    try:
+        await until(lambda: consumer.subscribed and snapshot_server.requests >= 1, "the first resync attempt")
+        await publisher.batch("e2", 3, stored(HASHES[:1]))  # reflected in the snapshot below (seq 3)
+        await publisher.batch("e2", 4, stored(HASHES[1:2]))  # newer: applied after it
+        await until(lambda: consumer.buffered("e2") == 2, "the batches to be buffered")
+        snapshot_server.snapshots["e2"] = snapshot("e2", 3, HASHES[:1])
+        await until(lambda: consumer.last_seq("e2") == 4, "the resync and the buffered batch")
+        assert matched(index, "e2") == PrefixMatch(2, 0, 0)
+    finally:
+        await consumer.close()
+
+
+async def test_a_resync_that_keeps_failing_leaves_the_engine_to_the_fallback(publisher, snapshot_server):
+    registry = CollectorRegistry(auto_describe=False)
+    index = BlockIndex()
+    index.insert_routed("e3", HASHES[:4], 300, now=1_000_000.0)  # stale entries of an engine we cannot read
+    engines = {"e3": f"{snapshot_server.url()}/e3"}
+    snapshot_server.fail = True
+    consumer = KVEventConsumer(
+        index,
+        nats_url=NATS_URL,
+        model_id=publisher.model_id,
+        engines=engines,
+        metrics=RoutingMetrics(registry),
+        backoff_s=0.05,
+        resync_attempts=2,
+    )
+    await consumer.start()
+    try:
+        await until(
+            lambda: sample(registry, "kvgate:router_resyncs_total", engine="e3", outcome="failed") == 1, "the failure"
+        )
+        assert not consumer.covers("e3")
+        assert matched(index, "e3") == PrefixMatch(0, 0, 0)
+        # The next batch tries again, and now the engine answers.
+        snapshot_server.fail = False
+        snapshot_server.snapshots["e3"] = snapshot("e3", 7, HASHES[:3])
+        await publisher.batch("e3", 7, stored(HASHES[2:3]))
+        await until(lambda: consumer.last_seq("e3") == 7, "the second resync")
+        assert consumer.covers("e3") and matched(index, "e3") == PrefixMatch(3, 0, 0)
+    finally:
+        await consumer.close()
+
+
+async def test_without_nats_the_router_falls_back_to_its_own_choices():
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # a port nothing listens on (bound, never listening: connections are refused)
+    index = BlockIndex()
+    consumer = KVEventConsumer(
+        index,
+        nats_url=f"nats://127.0.0.1:{sock.getsockname()[1]}",
+        model_id="unreachable",
+        engines={"a": "http://127.0.0.1:9", "b": "http://127.0.0.1:9"},
+        backoff_s=0.05,
+    )
+    await consumer.start()
+    try:
+        assert not consumer.covers("a")
+        router = CacheAwareRouter(index, has_events=consumer.covers)
+        loads = {"a": EngineLoad(0, 0), "b": EngineLoad(0, 0)}
+        first = router.choose(HASHES[:5], loads, ttl_s=300, now=1_000_000.0)
+        busier = {**loads, first.engine: EngineLoad(1, 0)}
+        assert router.choose(HASHES, busier, ttl_s=300, now=1_000_001.0) == (first.engine, 5, "prefix")
+    finally:
+        await asyncio.wait_for(consumer.close(), 60)
+        sock.close()
+
+
+async def test_an_engine_the_pool_has_not_met_is_followed_until_it_can_be_resynced(publisher, snapshot_server):
+    index = BlockIndex()
+    engines: dict[str, str] = {}
+    consumer = KVEventConsumer(index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05)
+    await consumer.start()
+    try:
+        await until(lambda: consumer.subscribed, "the subscription")
+        await publisher.batch("e4", 3, stored(HASHES[:2]))
+        await until(lambda: consumer.last_seq("e4") == 3, "batch 3 of an unknown engine")
+        assert matched(index, "e4") == PrefixMatch(2, 0, 0) and not consumer.covers("e4")
+        # A gap with no URL to resync from: what may be stale is dropped, the new batch kept.
+        await publisher.batch("e4", 6, stored(HASHES[5:6]))
+        await until(lambda: consumer.last_seq("e4") == 6, "batch 6")
+        assert matched(index, "e4") == PrefixMatch(0, 0, 0) and len(index) == 1
+        assert snapshot_server.requests == 0
+        # The pool meets it: a resync, and from then on it is covered.
+        snapshot_server.snapshots["e4"] = snapshot("e4", 6, HASHES[:4])
+        engines["e4"] = f"{snapshot_server.url()}/e4"
+        consumer.resync("e4")
+        await until(lambda: matched(index, "e4") == PrefixMatch(4, 0, 0), "the resync")
+        assert consumer.covers("e4")
+    finally:
+        await consumer.close()
