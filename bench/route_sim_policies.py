@@ -8,7 +8,9 @@
   match when the match rate is over cache_threshold, else the engine with the smallest
   tree; the least loaded when imbalanced (max − min > abs and max > rel × min running
   requests). Defaults are its published ones (0.3, 64, 1.5). It never hears from engines.
-- event_fed: kvgate's gateway.routing CacheAwareRouter over a BlockIndex fed with the
+- routed-only: kvgate's CacheAwareRouter without events, on its fallback (the hashes it routed,
+  with their TTL), as for engines whose events do not reach the gateway.
+- event-fed: kvgate's gateway.routing CacheAwareRouter over a BlockIndex fed with the
   engines' KV events, the one under test.
 """
 
@@ -19,13 +21,15 @@ import hashlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 
+from bench.route_sim_workloads import BLOCK_SIZE
+from gateway.routing.cache_aware import CacheAwareRouter, RouteWeights
+from gateway.routing.index import BlockIndex
 from gateway.routing.types import EngineLoad, RouteDecision, Router
 from inference.hashing import BlockHash
 from kvgate.kv_events import KVEventBatch
 
-EventSink = Callable[[KVEventBatch], None]
+EventSink = Callable[[KVEventBatch, float], None]  # a batch and the simulated time it arrives
 
 
 def _healthy(loads: Mapping[str, EngineLoad]) -> list[str]:
@@ -140,46 +144,27 @@ class SGLangApprox(_NoFeedback):
         return RouteDecision(engine, depth, reason)
 
 
-@dataclass(frozen=True)
-class Weights:
-    """The event-fed router's knobs: cost = B − g − α·h − β·r + w_load·active + w_queue·queued tokens."""
-
-    alpha: float = 0.8
-    beta: float = 0.5
-    w_load: float = 4.0
-    w_queue: float = 1 / 16
-    min_match_blocks: int = 4
-    imbalance_ratio: float = 2.0
-
-    def as_dict(self) -> dict[str, float]:
-        return asdict(self)
-
-
-def real_router_available() -> bool:
-    try:
-        import gateway.routing.cache_aware
-        import gateway.routing.index  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def event_fed(weights: Weights) -> tuple[Router, EventSink]:
+def event_fed(weights: RouteWeights) -> tuple[Router, EventSink]:
     """The router under test and where the engines' event batches go (in process, no NATS)."""
-    if real_router_available():
-        from gateway.routing.cache_aware import CacheAwareRouter
-        from gateway.routing.index import BlockIndex
-    else:
-        from bench.route_sim_placeholder import BlockIndex, CacheAwareRouter  # type: ignore[assignment]
     index = BlockIndex()
-    router = CacheAwareRouter(index, **weights.as_dict())
-    return router, index.apply
+    router = CacheAwareRouter(index, weights, block_size=BLOCK_SIZE, has_events=lambda engine_id: True)
+
+    def sink(batch: KVEventBatch, now: float) -> None:
+        index.apply(batch.engine_id, batch, now=now)
+
+    return router, sink
 
 
-POLICIES: dict[str, Callable[[Weights, int], tuple[Router, EventSink | None]]] = {
+def routed_only(weights: RouteWeights) -> tuple[Router, None]:
+    """The same router with no events: it remembers the hashes it routed (its fallback), like SGLang's tree."""
+    return CacheAwareRouter(BlockIndex(), weights, block_size=BLOCK_SIZE), None
+
+
+POLICIES: dict[str, Callable[[RouteWeights, int], tuple[Router, EventSink | None]]] = {
     "round-robin": lambda w, cap: (RoundRobin(), None),
     "least-loaded": lambda w, cap: (LeastLoaded(), None),
     "consistent-hash": lambda w, cap: (ConsistentHash(), None),
     "sglang-approx": lambda w, cap: (SGLangApprox(max_tree_blocks=cap), None),
+    "routed-only": lambda w, cap: routed_only(w),
     "event-fed": lambda w, cap: event_fed(w),
 }

@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 from collections.abc import Sequence
+from dataclasses import asdict
 
 from bench.report import machine_description, write_section
 from bench.route_sim_engines import CALIBRATION, CostModel, TierSizes
-from bench.route_sim_policies import Weights, real_router_available
 from bench.route_sim_workloads import WORKLOADS
+from gateway.routing.cache_aware import RouteWeights
 
 TARGET_HIT_X, TARGET_IMBALANCE_X = 1.5, 1.3
 
@@ -43,14 +44,14 @@ def write_docs(
     *,
     cost: CostModel,
     sizes: TierSizes,
-    weights: Weights,
+    weights: RouteWeights,
     engines: int,
     factor: float,
     scaling: list[str] | None = None,
 ) -> None:
     calib = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
-    w = weights.as_dict()
-    router = "gateway.routing (BlockIndex, CacheAwareRouter)" if real_router_available() else "a PLACEHOLDER router"
+    w = asdict(weights)
+    router = "gateway.routing's BlockIndex and CacheAwareRouter"
     specs = [WORKLOADS[name] for name in dict.fromkeys(r.workload for r in results)]
     body = [
         f"Simulated on: {machine_description()} (load average {os.getloadavg()[0]:.2f} at the end), "

@@ -4,8 +4,9 @@ Coordinate search over a grid (each weight swept over its values with the others
 rounds), at 16 engines on the multiturn and bursts workloads (a third of the default time).
 A setting is admissible when, on every workload, its p99 imbalance is within 1.3× round-
 robin's and its p99 TTFT no worse than round-robin's; among admissible ones the highest mean
-hit rate wins (ties within 0.1 point: the lower mean p99 TTFT). β (the shared tier's weight)
-is not searched: the simulated engines have no shared tier, so it never changes a choice.
+hit rate wins (ties within 0.1 point: the lower mean p99 TTFT). Not searched: β (the shared
+tier's weight: the simulated engines have no shared tier, so it never changes a choice) and
+popular_half_life_s.
 Writes bench/route_sim_weights.json, which the default run uses.
 """
 
@@ -13,18 +14,20 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from bench.route_sim_engines import CostModel, TierSizes
-from bench.route_sim_policies import Weights
 from bench.route_sim_workloads import WORKLOADS, generate, scaled
+from gateway.routing.cache_aware import RouteWeights
 
 GRID: dict[str, tuple[float, ...]] = {
-    "w_load": (0.0, 1.0, 2.0, 4.0, 8.0, 16.0),
+    "w_load": (0.0, 1.0, 2.0, 4.0, 8.0),
     "w_queue": (0.0, 1 / 64, 1 / 16, 1 / 4),
-    "min_match_blocks": (0, 2, 4, 8, 16),
-    "imbalance_ratio": (1.5, 2.0, 3.0, 1e9),
+    "min_match_blocks": (0, 2, 4, 8),
+    "imbalance_abs": (4, 8, 16, 32),
+    "imbalance_rel": (1.2, 1.5, 2.0),
+    "popular_requests": (4.0, 8.0, 16.0, 1e9),
     "alpha": (0.5, 0.8, 1.0),
 }
 TUNE_WORKLOADS = ("multiturn", "bursts")
@@ -32,7 +35,7 @@ ENGINES = 16
 IMBALANCE_LIMIT = 1.3
 
 
-def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor: float = 1 / 3) -> Weights:
+def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor: float = 1 / 3) -> RouteWeights:
     from bench.route_sim import simulate  # the simulator imports this module lazily
 
     started = time.perf_counter()
@@ -41,12 +44,14 @@ def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor:
         for name in TUNE_WORKLOADS
     }
     base = {
-        name: simulate(reqs, "round-robin", engines=ENGINES, cost=cost, sizes=sizes, weights=Weights(), workload=name)
+        name: simulate(
+            reqs, "round-robin", engines=ENGINES, cost=cost, sizes=sizes, weights=RouteWeights(), workload=name
+        )
         for name, reqs in workloads.items()
     }
-    seen: dict[Weights, tuple] = {}
+    seen: dict[RouteWeights, tuple] = {}
 
-    def score(weights: Weights) -> tuple:
+    def score(weights: RouteWeights) -> tuple:
         if weights not in seen:
             runs = [
                 simulate(reqs, "event-fed", engines=ENGINES, cost=cost, sizes=sizes, weights=weights, workload=name)
@@ -63,7 +68,7 @@ def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor:
             seen[weights] = (ok, round(hit, 3), -p99, imbalance)
         return seen[weights]
 
-    best = Weights()
+    best = RouteWeights()
     for _ in range(2):
         for name, values in GRID.items():
             for value in values:
@@ -72,7 +77,7 @@ def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor:
                     best = candidate
     ok, hit, neg_p99, imbalance = score(best)
     report = {
-        "weights": best.as_dict(),
+        "weights": asdict(best),
         "objective": "max mean hit rate with p99 imbalance <= 1.3x round-robin and p99 TTFT <= round-robin's",
         "admissible": ok,
         "mean_hit_rate": hit,
@@ -82,7 +87,7 @@ def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor:
         "settings_tried": len(seen),
         "trials": [
             {
-                "changed": {k: v for k, v in w.as_dict().items() if v != Weights().as_dict()[k]},
+                "changed": {k: v for k, v in asdict(w).items() if v != asdict(RouteWeights())[k]},
                 "admissible": sc[0],
                 "hit": sc[1],
                 "ttft_p99": round(-sc[2], 2),

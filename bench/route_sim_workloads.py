@@ -59,7 +59,7 @@ class WorkloadSpec:
     system_max: int = 2048
     duration_s: float = 600.0  # sessions start in [0, duration) before the load stretches it
     sessions_per_s_per_engine: float = 0.2
-    offered_load: float = 1.5  # cold prefill work / (engines × start window)
+    offered_load: float = 1.2  # cold prefill work / (engines × start window)
     mean_turns: float = 5.0  # 1 for single-turn requests
     max_turns: int = 16
     user_min: int = 16

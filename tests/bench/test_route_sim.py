@@ -6,8 +6,9 @@ from dataclasses import replace
 
 from bench.route_sim import load_cost, simulate
 from bench.route_sim_engines import CostModel, Job, SimEngine, TierSizes
-from bench.route_sim_policies import SGLangApprox, Weights
+from bench.route_sim_policies import SGLangApprox
 from bench.route_sim_workloads import WORKLOADS, SimRequest, generate, scaled
+from gateway.routing.cache_aware import RouteWeights
 from gateway.routing.types import EngineLoad
 from inference.hashing import BlockHasher
 from kvgate.kv_events import BlockRemoved, BlockStored, KVEventBatch
@@ -25,7 +26,7 @@ def test_event_fed_router_reads_more_than_round_robin_on_the_same_requests() -> 
     requests = tiny("multiturn", 8)
     assert len(requests) > 50 and any(r.turn > 0 for r in requests)
     runs = {
-        policy: simulate(requests, policy, engines=8, cost=COST, sizes=SIZES, weights=Weights(), workload="t")
+        policy: simulate(requests, policy, engines=8, cost=COST, sizes=SIZES, weights=RouteWeights(), workload="t")
         for policy in ("round-robin", "event-fed")
     }
     assert runs["round-robin"].requests == runs["event-fed"].requests == len(requests)
