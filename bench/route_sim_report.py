@@ -47,7 +47,7 @@ def write_docs(
     weights: RouteWeights,
     engines: int,
     factor: float,
-    scaling: list[str] | None = None,
+    extra: Sequence[tuple[str, list[str]]] = (),
 ) -> None:
     calib = json.loads(CALIBRATION.read_text()) if CALIBRATION.exists() else {}
     w = asdict(weights)
@@ -93,15 +93,22 @@ def write_docs(
         "Event-fed weights"
         f" ({'tuned with `--tune`, bench/route_sim_weights.json' if _tuned() else 'defaults'}): "
         + ", ".join(f"{k} {v:g}" for k, v in w.items())
-        + ". SGLang-style: cache_threshold 0.3, balance_abs 64, balance_rel 1.5, tree bounded to the device pool. "
+        + ".",
+        "",
+        "Policies: round-robin; least-loaded (fewest in flight, then fewest queued prefill tokens); consistent-hash "
+        "(a ring with 64 virtual nodes per engine, on the first block's hash); sglang-approx (SGLang's cache_aware "
+        "on a per-engine tree of the block hashes it routed there, bounded to the device pool: best match if over "
+        "0.3 of the request, else the smallest tree; least loaded when max − min > 64 and max > 1.5 × min); "
+        "routed-only (kvgate's CacheAwareRouter with no events, on its fallback: the hashes it routed, for their TTL); "
+        "event-fed (the same router, its BlockIndex fed by the engines' events). "
         f"{'A third of the default time (`--quick`). ' if factor < 1 else ''}",
         "",
         *lines,
         "",
         verdict(results, engines=engines),
     ]
-    if scaling:
-        body += ["", "Scaling (multiturn, a third of the time, the same offered load per engine):", "", *scaling]
+    for title, rows in extra:
+        body += ["", f"{title}:", "", *rows]
     write_section("route-sim", "Prefix routing simulator (bench/route_sim.py)", body)
 
 

@@ -34,6 +34,18 @@ def test_event_fed_router_reads_more_than_round_robin_on_the_same_requests() -> 
     assert 0 < runs["round-robin"].hit_rate < 1
 
 
+def test_events_keep_gateway_replicas_in_step_where_routed_only_state_diverges() -> None:
+    requests = tiny("multiturn", 8)
+
+    def hit(policy: str, gateways: int) -> float:
+        run = simulate(requests, policy, engines=8, cost=COST, sizes=SIZES, weights=RouteWeights(), gateways=gateways)
+        return run.hit_rate
+
+    # One gateway: its own routing history is as good as events here; three replicas each see a third of it.
+    assert hit("routed-only", 1) > hit("round-robin", 1)
+    assert hit("event-fed", 3) > hit("routed-only", 3)
+
+
 def test_workloads_are_deterministic_and_salted_per_tenant() -> None:
     first, again = tiny("sysprompt", 8), tiny("sysprompt", 8)
     assert [(r.arrival, tuple(r.block_hashes)) for r in first] == [(r.arrival, tuple(r.block_hashes)) for r in again]
