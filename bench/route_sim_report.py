@@ -88,8 +88,10 @@ def write_docs(
     body += [
         "",
         "Hit rate: prompt tokens read from a cache / prompt tokens. TTFT: queue wait + prefill (simulated s). "
-        "Imbalance p99: each simulated second in which at least as many requests are in flight as there are "
-        "engines, max over engines of in-flight requests / the mean; the 99th percentile. "
+        "Busiest engine p99: sampled each simulated second until the last arrival, the most requests in flight "
+        "(queued, prefilling or decoding) on one engine; its 99th percentile over time. Imbalance p99: that divided "
+        "by the time-average of the mean in flight per engine (1.0 would be perfect balance; not the p99 of each "
+        "second's max/mean, which blows up in quiet seconds and so penalises a router for finishing sooner). "
         "Event-fed weights"
         f" ({'tuned with `--tune`, bench/route_sim_weights.json' if _tuned() else 'defaults'}): "
         + ", ".join(f"{k} {v:g}" for k, v in w.items())
@@ -97,7 +99,8 @@ def write_docs(
         "",
         "Policies: round-robin; least-loaded (fewest in flight, then fewest queued prefill tokens); consistent-hash "
         "(a ring with 64 virtual nodes per engine, on the first block's hash); sglang-approx (SGLang's cache_aware "
-        "on a per-engine tree of the block hashes it routed there, bounded to the device pool: best match if over "
+        "on a per-engine tree of the block hashes it routed there, bounded to the device pool: the best match "
+        "(least loaded among equals) if over "
         "0.3 of the request, else the smallest tree; least loaded when max − min > 64 and max > 1.5 × min); "
         "routed-only (kvgate's CacheAwareRouter with no events, on its fallback: the hashes it routed, for their TTL); "
         "event-fed (the same router, its BlockIndex fed by the engines' events). "
