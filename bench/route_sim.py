@@ -243,7 +243,8 @@ def extra_tables(
     sizes: TierSizes,
     quick: bool,
 ) -> list[tuple[str, list[str]]]:
-    """The scaling table (multiturn at other engine counts) and the replicas table (several gateways)."""
+    """The scaling table (multiturn at other engine counts), the device-pressure table (small pools, so
+    engines evict and routers must know it) and the replicas table (several gateways)."""
     out = []
     policies = ["round-robin", "sglang-approx", "routed-only", "event-fed"]
     counts = [int(n) for n in args.scaling.split(",") if n]
@@ -255,6 +256,14 @@ def extra_tables(
         rows.sort(key=lambda r: (r.engines, policies.index(r.policy)))
         title = "Scaling: multiturn, a third of the time, the same offered load per engine"
         out.append((title, table(rows, first="engines")))
+    if args.pressure_blocks:
+        small = replace(sizes, device_blocks=args.pressure_blocks)
+        rows = run_table(["multiturn"], policies, args.engines, 1 / 3, args.seed, weights, cost, small)
+        title = (
+            f"Device pressure: multiturn at {args.engines} engines, a third of the time, device pools of "
+            f"{small.device_blocks} blocks (host tiers of {small.host_blocks})"
+        )
+        out.append((title, table(rows)))
     if args.gateways > 1:
         rows = []
         for g in (1, args.gateways):
@@ -274,6 +283,7 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--scaling", default="8,64", help="engine counts for the scaling table; '' for none")
+    parser.add_argument("--pressure-blocks", type=int, default=256, help="device pool for the pressure table; 0: none")
     parser.add_argument("--gateways", type=int, default=4, help="replicas for the gateway-replicas table; 1: none")
     parser.add_argument("--quick", action="store_true", help="a third of the simulated time")
     parser.add_argument("--write-docs", action="store_true", help="rewrite this section of docs/benchmarks.md")
