@@ -247,11 +247,15 @@ def extra_tables(
     engines evict and routers must know it) and the replicas table (several gateways)."""
     out = []
     policies = ["round-robin", "sglang-approx", "routed-only", "event-fed"]
+    # Multiturn at the run's engine count, a third of the time: a row of the scaling table and of the replicas
+    # table (one gateway); a quick run has it already.
+    here = [r for r in results if r.workload == "multiturn" and r.policy in policies] if quick else []
+    if not here and (args.scaling or args.gateways > 1):
+        here = run_table(["multiturn"], policies, args.engines, 1 / 3, args.seed, weights, cost, sizes)
     counts = [int(n) for n in args.scaling.split(",") if n]
     if counts:
-        # A quick run's own multiturn rows are the scaling table's at its engine count.
-        rows = [r for r in results if r.workload == "multiturn" and r.policy in policies] if quick else []
-        for n in sorted({*counts, args.engines} - ({args.engines} if rows else set())):
+        rows = list(here)
+        for n in sorted(set(counts) - {args.engines}):
             rows += run_table(["multiturn"], policies, n, 1 / 3, args.seed, weights, cost, sizes)
         rows.sort(key=lambda r: (r.engines, policies.index(r.policy)))
         title = "Scaling: multiturn, a third of the time, the same offered load per engine"
@@ -263,17 +267,30 @@ def extra_tables(
             f"Device pressure: multiturn at {args.engines} engines, a third of the time, device pools of "
             f"{small.device_blocks} blocks (host tiers of {small.host_blocks})"
         )
-        out.append((title, table(rows)))
+        out.append((title, [*table(rows), "", events_vs_fallback(rows)]))
     if args.gateways > 1:
-        rows = []
-        for g in (1, args.gateways):
-            rows += run_table(["multiturn"], policies, args.engines, 1 / 3, args.seed, weights, cost, sizes, g)
+        rows = here + run_table(
+            ["multiturn"], policies, args.engines, 1 / 3, args.seed, weights, cost, sizes, args.gateways
+        )
         title = (
             f"Gateway replicas: multiturn at {args.engines} engines, a third of the time; each turn through one "
             "of the replicas (by session and turn), each replica with its own router state"
         )
-        out.append((title, table(rows, first="gateways")))
+        replicas = [r for r in rows if r.gateways == args.gateways]
+        out.append((title, [*table(rows, first="gateways"), "", events_vs_fallback(replicas)]))
     return out
+
+
+def events_vs_fallback(rows: list[RunResult]) -> str:
+    """One line: what the events add over the router's own routing history, in these rows."""
+    by = {r.policy: r for r in rows}
+    if "event-fed" not in by or "routed-only" not in by:
+        return ""
+    ev, ro = by["event-fed"], by["routed-only"]
+    return (
+        f"Event-fed vs routed-only: hit rate {ev.hit_rate:.1%} vs {ro.hit_rate:.1%}, TTFT p99 {ev.ttft_p99:.2f} s vs "
+        f"{ro.ttft_p99:.2f} s, imbalance p99 {ev.imbalance_p99:.2f} vs {ro.imbalance_p99:.2f}."
+    )
 
 
 def main() -> None:

@@ -2,11 +2,12 @@
 
 On the real SmolLM2 engine (inference.engine.Engine, as bench/engine.py runs it, with
 kvgate's OpenMP wait policy), one token out each:
-- cold prefills at a few prompt lengths (median of 3), and extensions of a cached prompt (the cached
+- cold prefills at a few prompt lengths, and extensions of a cached prompt (the cached
   part read, the rest computed): a least-squares fit of t = a + b·uncached + c·cached;
 - a prompt read back from the host tier vs from the device pool: h per token copied up;
 - decode with 8 streams: d, seconds per token per stream.
-The file names the machine and its load average, since the cores may be shared.
+Each time is the fastest of 3 runs: on shared cores the fastest is the least disturbed. The file
+names the machine and its load average, since the cores may be shared.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import time
 from pathlib import Path
 
@@ -37,7 +37,7 @@ def calibrate(path: Path, reps: int = 3) -> dict:
     engine = engine_on(loaded)
     rng = random.Random(11)
     engine.generate(tokens(rng, 64), ONE_TOKEN)  # warm up allocator and kernels
-    rows: list[tuple[int, int, float]] = []  # (uncached, cached, median seconds)
+    rows: list[tuple[int, int, float]] = []  # (uncached, cached, fastest seconds)
     for n in LENGTHS:
         cold, warm, cached = [], [], 0
         for _ in range(reps):
@@ -48,7 +48,7 @@ def calibrate(path: Path, reps: int = 3) -> dict:
             out = engine.generate(longer, ONE_TOKEN)
             warm.append(time.perf_counter() - start)
             cached = out.usage.cached_tokens
-        rows += [(n, 0, statistics.median(cold)), (n + EXTENSION - cached, cached, statistics.median(warm))]
+        rows += [(n, 0, min(cold)), (n + EXTENSION - cached, cached, min(warm))]
     x = np.array([[1.0, u, c] for u, c, _ in rows])
     y = np.array([t for _, _, t in rows])
     a, b, c = (max(float(v), 0.0) for v in np.linalg.lstsq(x, y, rcond=None)[0])
@@ -66,7 +66,7 @@ def calibrate(path: Path, reps: int = 3) -> dict:
         out = small.generate(prompt, ONE_TOKEN)
         host_s.append(time.perf_counter() - start)
         host_tokens = out.usage.cached_tokens_by_tier.get("host", 0)
-    h = max(statistics.median(host_s) - statistics.median(device_s), 0.0) / host_tokens if host_tokens else 0.0
+    h = max(min(host_s) - min(device_s), 0.0) / host_tokens if host_tokens else 0.0
 
     streams = 8
     d = streams / bench_decode(loaded, streams, 64)
