@@ -197,6 +197,7 @@ def run_table(
     cost: CostModel,
     sizes: TierSizes,
     gateways: int = 1,
+    event_delay_s: float = 0.0,
 ) -> list[RunResult]:
     results = []
     for name in workloads:
@@ -210,6 +211,7 @@ def run_table(
                 sizes=sizes,
                 weights=weights,
                 gateways=gateways,
+                event_delay_s=event_delay_s,
                 workload=name,
             )
             results.append(replace(run, gateways=gateways))
@@ -302,6 +304,9 @@ def main() -> None:
     parser.add_argument("--scaling", default="8,64", help="engine counts for the scaling table; '' for none")
     parser.add_argument("--pressure-blocks", type=int, default=256, help="device pool for the pressure table; 0: none")
     parser.add_argument("--gateways", type=int, default=4, help="replicas for the gateway-replicas table; 1: none")
+    parser.add_argument(
+        "--event-delay", type=float, default=0.0, help="seconds from an engine's event to the routers' index"
+    )
     parser.add_argument("--quick", action="store_true", help="a third of the simulated time")
     parser.add_argument("--write-docs", action="store_true", help="rewrite this section of docs/benchmarks.md")
     parser.add_argument("--tune", action="store_true", help="grid-search the event-fed router's weights")
@@ -321,8 +326,9 @@ def main() -> None:
     weights = load_weights()
     factor = 1 / 3 if args.quick else 1.0
     started = time.perf_counter()
+    workloads, policies = args.workloads.split(","), args.policies.split(",")
     results = run_table(
-        args.workloads.split(","), args.policies.split(","), args.engines, factor, args.seed, weights, cost, sizes
+        workloads, policies, args.engines, factor, args.seed, weights, cost, sizes, event_delay_s=args.event_delay
     )
     lines = table(results)
     print("\n".join(lines))

@@ -67,7 +67,7 @@ def write_docs(
         f"Engines: {engines}, each with an LRU device pool of {sizes.device_blocks} blocks and a host tier of "
         f"{sizes.host_blocks} blocks, TTL {sizes.ttl_s:.0f} s; prefills one at a time in arrival order; every "
         "change to the tiers published as a KV event batch (BlockStored/BlockRemoved, media CPU/HOST, expires_at) "
-        "into the router's index, in process.",
+        "into the router's index, in process, at once (`--event-delay` delays them).",
         "",
         "Workloads (bench/route_sim_workloads.py, seed 1, real salted chained block hashes, one salt per tenant):",
         "",
