@@ -91,7 +91,8 @@ def write_docs(
         body += [
             "",
             f"Weights tuned with `--tune` ({tuned['tuned_at']}; bench/route_sim_weights.json): a coordinate grid "
-            f"search, {tuned['settings_tried']} settings, on {' and '.join(tuned['workloads'])} at "
+            f"search, {tuned['settings_tried']} settings, on {', '.join(tuned['workloads'])} (-256: device pools of "
+            f"256 blocks, so engines evict to their host tiers) at "
             f"{tuned['engines']} engines, a third of the time; objective: {tuned['objective']}. Chosen: "
             + ", ".join(f"{k} {v:g}" for k, v in tuned["weights"].items())
             + f" (mean hit rate {tuned['mean_hit_rate']:.1%} vs round-robin's "

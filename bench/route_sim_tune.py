@@ -1,7 +1,8 @@
 """`bench/route_sim.py --tune`: a small grid search of the event-fed router's weights, in simulation.
 
 Coordinate search over a grid (each weight swept over its values with the others held, two
-rounds), at 16 engines on the multiturn and bursts workloads (a third of the default time).
+rounds), at 16 engines on the multiturn and bursts workloads and on multiturn with device pools
+of 256 blocks (engines evicting to their host tiers), a third of the default time each.
 A setting is admissible when, on every workload, its p99 imbalance is within 1.3× round-
 robin's and its p99 TTFT no worse than round-robin's; among admissible ones the highest mean
 hit rate, to the point, wins (ties: the less imbalanced to 0.01, then the lower mean p99 TTFT to 0.1 s); while none
@@ -30,9 +31,11 @@ GRID: dict[str, tuple[float, ...]] = {
     "imbalance_abs": (4, 8, 16, 32),
     "imbalance_rel": (1.2, 1.5, 2.0),
     "popular_requests": (4.0, 8.0, 16.0, 1e9),
-    "alpha": (0.5, 0.8, 1.0),
+    "alpha": (0.0, 0.5, 0.8, 1.0),
 }
-TUNE_WORKLOADS = ("multiturn", "bursts")
+# (label, workload, device pool in blocks or None for the default): the small pool makes engines evict
+# to their host tiers, so that α (the credit for a host-tier block) has something to decide.
+TUNE_WORKLOADS = (("multiturn", "multiturn", None), ("bursts", "bursts", None), ("multiturn-256", "multiturn", 256))
 ENGINES = 16
 IMBALANCE_LIMIT = 1.3
 
@@ -42,22 +45,25 @@ def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor:
 
     started = time.perf_counter()
     workloads = {
-        name: generate(scaled(WORKLOADS[name], factor), ENGINES, seed, lambda n: cost.prefill_s(n, 0, 0))
-        for name in TUNE_WORKLOADS
+        label: (
+            generate(scaled(WORKLOADS[name], factor), ENGINES, seed, lambda n: cost.prefill_s(n, 0, 0)),
+            sizes if blocks is None else replace(sizes, device_blocks=blocks),
+        )
+        for label, name, blocks in TUNE_WORKLOADS
     }
     base = {
-        name: simulate(
-            reqs, "round-robin", engines=ENGINES, cost=cost, sizes=sizes, weights=RouteWeights(), workload=name
+        label: simulate(
+            reqs, "round-robin", engines=ENGINES, cost=cost, sizes=pool, weights=RouteWeights(), workload=label
         )
-        for name, reqs in workloads.items()
+        for label, (reqs, pool) in workloads.items()
     }
     seen: dict[RouteWeights, tuple] = {}
 
     def score(weights: RouteWeights) -> tuple:
         if weights not in seen:
             runs = [
-                simulate(reqs, "event-fed", engines=ENGINES, cost=cost, sizes=sizes, weights=weights, workload=name)
-                for name, reqs in workloads.items()
+                simulate(reqs, "event-fed", engines=ENGINES, cost=cost, sizes=pool, weights=weights, workload=label)
+                for label, (reqs, pool) in workloads.items()
             ]
             ok = all(
                 r.imbalance_p99 <= IMBALANCE_LIMIT * base[r.workload].imbalance_p99
@@ -109,7 +115,7 @@ def tune(cost: CostModel, sizes: TierSizes, out: Path, *, seed: int = 1, factor:
             for w, sc in seen.items()
         ],
         "grid": {k: list(v) for k, v in GRID.items()},
-        "workloads": list(TUNE_WORKLOADS),
+        "workloads": list(workloads),
         "engines": ENGINES,
         "calibration": cost.source,
         "tuned_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
