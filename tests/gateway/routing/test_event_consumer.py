@@ -283,3 +283,42 @@ async def test_an_engine_the_pool_has_not_met_is_followed_until_it_can_be_resync
         assert consumer.covers("e4")
     finally:
         await consumer.close()
+
+
+async def test_the_router_built_from_settings_follows_the_events(publisher, snapshot_server):
+    from gateway.routing.setup import build_routing
+    from gateway.settings import GatewaySettings
+
+    engines = {"x": f"{snapshot_server.url()}/x", "y": f"{snapshot_server.url()}/y"}
+    snapshot_server.snapshots.update(x=snapshot("x", 0, []), y=snapshot("y", 0, []))
+    registry = CollectorRegistry(auto_describe=False)
+    settings = GatewaySettings(_env_file=None, nats_url=NATS_URL)
+    stack = build_routing(settings, registry=registry, model_id=publisher.model_id, block_size=4, event_engines=engines)
+    assert stack.consumer is not None
+    await stack.consumer.start()
+    try:
+        await until(lambda: stack.consumer.last_seq("x") == 0 and stack.consumer.last_seq("y") == 0, "the resyncs")
+        await publisher.batch("y", 1, stored(HASHES[:6]))
+        await until(lambda: matched(stack.router.index, "y").total == 6, "y's batch")
+        loads = {"x": EngineLoad(0, 0), "y": EngineLoad(1, 0)}
+        decision = stack.router.choose(HASHES, loads, ttl_s=300, now=1_000_000.0)
+        assert decision == ("y", 6, "prefix")
+        # Event-fed engines get no fallback insertion: a new prefix sent to x is not remembered for x.
+        other = BlockHasher(model_id="m", block_size=4).hash_blocks(list(range(40)), "other salt")
+        assert stack.router.choose(other, loads, ttl_s=300, now=1_000_000.0).engine == "x"
+        assert matched(stack.router.index, "x").total == 0 and len(stack.router.index) == 6
+        stack.router.record_actual(decision, 6)
+        assert sample(registry, "kvgate:router_actual_hit_tokens_total", engine="y") == 24
+    finally:
+        await stack.consumer.close()
+    # Without KVGATE_NATS_URL there is no consumer, and every engine gets fallback insertions.
+    plain = build_routing(
+        GatewaySettings(_env_file=None, nats_url=None),
+        registry=CollectorRegistry(),
+        model_id="m",
+        block_size=4,
+        event_engines={},
+    )
+    assert plain.consumer is None
+    plain.router.choose(HASHES, {"x": EngineLoad(0, 0), "y": EngineLoad(0, 0)}, ttl_s=300, now=1_000_000.0)
+    assert len(plain.router.index) == 10
