@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,15 @@ from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
 from gateway.routing.index import BlockIndex
-from kvgate.kv_events import STREAM_NAME, SUBJECT_PREFIX, KVEventBatch, KVSnapshot, decode_batch, model_subjects
+from kvgate.kv_events import (
+    STREAM_NAME,
+    SUBJECT_PREFIX,
+    KVEventBatch,
+    KVSnapshot,
+    SnapshotBlock,
+    decode_batch,
+    model_subjects,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -64,6 +73,28 @@ async def ensure_stream(js: JetStreamContext) -> None:
         await js.add_stream(config)
     except BadRequestError:
         await js.stream_info(STREAM_NAME)  # created by another process in between: it exists now
+
+
+class _SnapshotBlockJSON(msgspec.Struct):
+    block_hash: str
+    medium: str
+    expires_at: float | None = None  # JSON has no infinity: msgspec writes an unending block's as null
+
+
+class _SnapshotJSON(msgspec.Struct):
+    engine_id: str
+    seq: int
+    blocks: list[_SnapshotBlockJSON]
+
+
+def decode_snapshot(data: bytes) -> KVSnapshot:
+    """A `GET /kv/snapshot` body (KVSnapshot as JSON); a null expiry (a block that never expires) reads as
+    infinity. Raises msgspec.DecodeError on anything else."""
+    raw = msgspec.json.decode(data, type=_SnapshotJSON)
+    blocks = [
+        SnapshotBlock(b.block_hash, b.medium, math.inf if b.expires_at is None else b.expires_at) for b in raw.blocks
+    ]
+    return KVSnapshot(raw.engine_id, raw.seq, blocks)
 
 
 @dataclass
@@ -328,7 +359,7 @@ class KVEventConsumer:
         assert self._http is not None, "start() first"
         response = await self._http.get(f"{base_url.rstrip('/')}/kv/snapshot")
         response.raise_for_status()
-        snapshot = msgspec.json.decode(response.content, type=KVSnapshot)
+        snapshot = decode_snapshot(response.content)
         if snapshot.engine_id != engine_id:
             raise ValueError(f"{base_url} answers as engine {snapshot.engine_id!r}, not {engine_id!r}")
         return snapshot

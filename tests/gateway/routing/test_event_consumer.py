@@ -7,10 +7,12 @@ side never see each other's events), and purges its subjects afterwards.
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats
@@ -23,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.routing.cache_aware import CacheAwareRouter
-from gateway.routing.event_consumer import KVEventConsumer, ensure_stream
+from gateway.routing.event_consumer import KVEventConsumer, decode_snapshot, ensure_stream
 from gateway.routing.index import BlockIndex
 from gateway.routing.metrics import RoutingMetrics
 from gateway.routing.types import EngineLoad, PrefixMatch
@@ -40,6 +42,9 @@ from kvgate.kv_events import (
     model_subjects,
     subject,
 )
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
 
 NATS_URL = "nats://127.0.0.1:4222"
 HASHES = BlockHasher(model_id="m", block_size=4).hash_blocks(list(range(40)), "salt")  # 10 blocks
@@ -117,7 +122,7 @@ async def publisher() -> AsyncIterator[Publisher]:
 
 @dataclass
 class Publisher:
-    js: object
+    js: JetStreamContext
     model_id: str
 
     async def batch(self, engine: str, seq: int, *events: object) -> None:
@@ -322,3 +327,12 @@ async def test_the_router_built_from_settings_follows_the_events(publisher, snap
     assert plain.consumer is None
     plain.router.choose(HASHES, {"x": EngineLoad(0, 0), "y": EngineLoad(0, 0)}, ttl_s=300, now=1_000_000.0)
     assert len(plain.router.index) == 10
+
+
+def test_snapshot_json_reads_the_engines_shape_and_unending_blocks():
+    engine_side = KVSnapshot("e", 3, [SnapshotBlock("ab01", "CPU", 1e9), SnapshotBlock("cd02", "HOST", math.inf)])
+    data = msgspec.json.encode(engine_side)
+    assert b'"expires_at":null' in data  # what an unending block looks like in JSON
+    assert decode_snapshot(data) == engine_side
+    with pytest.raises(msgspec.DecodeError):
+        decode_snapshot(b'{"engine_id": "e", "seq": "three", "blocks": []}')
