@@ -46,8 +46,9 @@ if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
 
 
-class NoHealthyEngine(RuntimeError):
-    """No engine in `loads` is healthy: the caller answers 503/529, it does not retry here."""
+class NoHealthyEngine(LookupError):
+    """No engine in `loads` is healthy (a LookupError, as the least-loaded router raises): the caller
+    answers 503/529, it does not retry here."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,9 @@ class CacheAwareRouter:
 
     `has_events(engine_id)`: whether that engine's events reach the index (the event consumer's
     `covers`); engines without get fallback insertions. `shared_readers`: engines with the shared
-    tier (None: all). `block_size` turns blocks into the metrics' tokens.
+    tier (None: all). `block_size` turns blocks into the metrics' tokens. `engine_weights` (the pool's,
+    read at each call; missing engines weigh 1): an engine of weight 2 counts half its load, in the cost
+    and in the imbalance rule.
     """
 
     def __init__(
@@ -100,8 +103,10 @@ class CacheAwareRouter:
         has_events: Callable[[str], bool] = _never,
         shared_readers: Collection[str] | None = None,
         metrics: RoutingMetrics | None = None,
+        engine_weights: Mapping[str, float] | None = None,
         max_tracked_prefixes: int = 4096,
     ) -> None:
+        self.engine_weights = engine_weights if engine_weights is not None else {}
         self.index = index if index is not None else BlockIndex()
         self.weights = weights or RouteWeights()
         self.block_size = block_size
@@ -144,7 +149,7 @@ class CacheAwareRouter:
         healthy = [engine_id for engine_id, load in loads.items() if load.healthy]
         matches = self.index.match(block_hashes, healthy, now=now, shared_readers=self.shared_readers)
         popular = self._popular(block_hashes, matches, now, count=False)
-        return {e: self._cost(len(block_hashes), self._counted(matches[e], popular), loads[e]) for e in healthy}
+        return {e: self._cost(len(block_hashes), self._counted(matches[e], popular), e, loads[e]) for e in healthy}
 
     # -- the decision -------------------------------------------------------------------------------
 
@@ -161,14 +166,17 @@ class CacheAwareRouter:
             engine_id = healthy[0]
             return RouteDecision(engine_id, matches[engine_id].total, "single")
         popular = self._popular(block_hashes, matches, now, count=True)
-        if self._imbalanced([loads[e] for e in healthy]):
-            engine_id = min(healthy, key=lambda e: (loads[e].active, loads[e].queued_prefill_tokens, _tie(key, e)))
+        if self._imbalanced({e: loads[e] for e in healthy}):
+            engine_id = min(
+                healthy,
+                key=lambda e: (loads[e].active / self._weight(e), loads[e].queued_prefill_tokens, _tie(key, e)),
+            )
             return RouteDecision(engine_id, matches[engine_id].total, "imbalance")
         B = len(block_hashes)
         engine_id = min(
             healthy,
             key=lambda e: (
-                self._cost(B, self._counted(matches[e], popular), loads[e]),
+                self._cost(B, self._counted(matches[e], popular), e, loads[e]),
                 -matches[e].total,
                 _tie(key, e),
             ),
@@ -182,16 +190,14 @@ class CacheAwareRouter:
             reason = "least_loaded"
         return RouteDecision(engine_id, chosen.total, reason)
 
-    def _cost(self, blocks: int, match: PrefixMatch, load: EngineLoad) -> float:
+    def _weight(self, engine_id: str) -> float:
+        weight = self.engine_weights.get(engine_id, 1.0)
+        return weight if weight > 0 else 1.0
+
+    def _cost(self, blocks: int, match: PrefixMatch, engine_id: str, load: EngineLoad) -> float:
         w = self.weights
-        return (
-            blocks
-            - match.device
-            - w.alpha * match.lower
-            - w.beta * match.shared
-            + w.w_load * load.active
-            + w.w_queue * load.queued_prefill_tokens
-        )
+        busy = (w.w_load * load.active + w.w_queue * load.queued_prefill_tokens) / self._weight(engine_id)
+        return blocks - match.device - w.alpha * match.lower - w.beta * match.shared + busy
 
     def _counted(self, match: PrefixMatch, popular: bool) -> PrefixMatch:
         """The part of a match the cost credits: none when too short or when it is a popular prefix."""
@@ -199,9 +205,9 @@ class CacheAwareRouter:
             return PrefixMatch(0, 0, 0)
         return match
 
-    def _imbalanced(self, loads: list[EngineLoad]) -> bool:
-        busiest = max(load.active for load in loads)
-        least = min(load.active for load in loads)
+    def _imbalanced(self, loads: dict[str, EngineLoad]) -> bool:
+        busiest = max(load.active / self._weight(e) for e, load in loads.items())
+        least = min(load.active / self._weight(e) for e, load in loads.items())
         w = self.weights
         return busiest - least > w.imbalance_abs and busiest > w.imbalance_rel * least
 

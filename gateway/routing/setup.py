@@ -29,6 +29,7 @@ def build_routing(
     block_size: int,
     event_engines: Mapping[str, str],
     shared_readers: Collection[str] | None = None,
+    engine_weights: Mapping[str, float] | None = None,
 ) -> RoutingStack:
     """`model_id` and `block_size` are the engines' (GET /kv/info); `event_engines` maps the ids of the
     engines that publish KV events to their base URLs, and may be filled in later (then call
@@ -48,5 +49,6 @@ def build_routing(
         has_events=consumer.covers if consumer is not None else lambda engine_id: False,
         shared_readers=shared_readers,
         metrics=metrics,
+        engine_weights=engine_weights,
     )
     return RoutingStack(router, consumer, metrics)

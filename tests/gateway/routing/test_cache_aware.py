@@ -159,3 +159,12 @@ def test_weights_come_from_the_gateway_settings(monkeypatch):
     assert weights.alpha == 0.5 and weights.min_match_blocks == 7
     assert RouteWeights.from_settings(GatewaySettings(_env_file=None)).beta == RouteWeights().beta
     assert "`KVGATE_ROUTE_W_LOAD`" in settings_table() and "`KVGATE_NATS_URL`" in settings_table()
+
+
+def test_engine_weights_scale_the_load():
+    request = blocks(4, salt="new")
+    loads = {"small": EngineLoad(2, 0), "big": EngineLoad(3, 0)}
+    assert evented(BlockIndex()).choose(request, loads, ttl_s=0, now=NOW).engine == "small"
+    weighted = CacheAwareRouter(BlockIndex(), engine_weights={"big": 2.0}, has_events=lambda e: True)
+    assert weighted.choose(request, loads, ttl_s=0, now=NOW).engine == "big"  # 3/2 < 2
+    assert weighted.costs(request, loads, now=NOW) == {"small": 8.0, "big": 7.0}
