@@ -252,7 +252,10 @@ class KVEventConsumer:
         log.info("kv_events_subscribed", subject=model_subjects(self.model_id))
 
     async def _on_message(self, msg: Msg) -> None:
-        self.handle(msg.data)
+        try:
+            self.handle(msg.data)
+        except Exception as exc:  # a bug or a batch the index cannot take: one message lost, never the consumer
+            log.exception("kv_events_message_failed", error=str(exc) or type(exc).__name__)
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -359,7 +362,8 @@ class KVEventConsumer:
         assert self._http is not None, "start() first"
         response = await self._http.get(f"{base_url.rstrip('/')}/kv/snapshot")
         response.raise_for_status()
-        snapshot = decode_snapshot(response.content)
+        # Off the event loop: an engine with large tiers sends a large snapshot.
+        snapshot = await asyncio.to_thread(decode_snapshot, response.content)
         if snapshot.engine_id != engine_id:
             raise ValueError(f"{base_url} answers as engine {snapshot.engine_id!r}, not {engine_id!r}")
         return snapshot
