@@ -57,6 +57,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kvgate.gateway.routing")
 
 STREAM_MAX_AGE_S = 3600.0
+SNAPSHOT_SLICE = 5000  # blocks added to the index between yields to the event loop (a few ms each)
 
 
 async def ensure_stream(js: JetStreamContext) -> None:
@@ -336,6 +337,15 @@ class KVEventConsumer:
                 raise
             except Exception as exc:
                 log.warning("kv_resync_failed", engine=engine_id, attempt=attempt + 1, error=str(exc) or repr(exc))
+        if snapshot is not None:
+            # In slices, yielding between them: the gateway keeps serving meanwhile, and this engine's
+            # batches keep being buffered until the whole snapshot is in.
+            self.index.forget_engine(engine_id)
+            for start in range(0, len(snapshot.blocks), SNAPSHOT_SLICE):
+                self.index.add_snapshot_blocks(
+                    engine_id, snapshot.blocks[start : start + SNAPSHOT_SLICE], now=self._now()
+                )
+                await asyncio.sleep(0)
         pending, state.buffer = sorted(state.buffer, key=lambda b: b.seq), []
         state.resyncing = False
         if snapshot is None:
@@ -346,7 +356,6 @@ class KVEventConsumer:
             if self.metrics is not None:
                 self.metrics.resyncs.labels(engine_id, "failed").inc()
             return
-        self.index.replace_engine(engine_id, snapshot, now=self._now())
         state.last_seq, state.failed = snapshot.seq, False
         if self.metrics is not None:
             self.metrics.resyncs.labels(engine_id, "ok").inc()

@@ -35,6 +35,7 @@ from kvgate.kv_events import (
     BlockStored,
     KVEventBatch,
     KVSnapshot,
+    SnapshotBlock,
 )
 
 DEVICE, LOWER, SHARED = 0, 1, 2  # where a block sits, best first: the index of its PrefixMatch field
@@ -100,7 +101,12 @@ class BlockIndex:
     def replace_engine(self, engine_id: str, snapshot: KVSnapshot, *, now: float) -> None:
         """Everything known of one engine becomes its snapshot (a resync). Shared blocks in it are added."""
         self.forget_engine(engine_id)
-        for block in snapshot.blocks:
+        self.add_snapshot_blocks(engine_id, snapshot.blocks, now=now)
+
+    def add_snapshot_blocks(self, engine_id: str, blocks: Iterable[SnapshotBlock], *, now: float) -> None:
+        """Part of a snapshot, after forget_engine: what replace_engine does, in pieces a caller can interleave
+        with other work (a large snapshot would stall an event loop)."""
+        for block in blocks:
             if block.expires_at <= now:
                 continue
             try:

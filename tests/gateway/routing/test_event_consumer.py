@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.routing import event_consumer
 from gateway.routing.cache_aware import CacheAwareRouter
 from gateway.routing.event_consumer import KVEventConsumer, decode_snapshot, ensure_stream
 from gateway.routing.index import BlockIndex
@@ -141,7 +142,8 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
-async def test_events_feed_the_index_and_gaps_and_restarts_resync(publisher, snapshot_server):
+async def test_events_feed_the_index_and_gaps_and_restarts_resync(publisher, snapshot_server, monkeypatch):
+    monkeypatch.setattr(event_consumer, "SNAPSHOT_SLICE", 2)  # snapshots go into the index in several slices
     registry = CollectorRegistry(auto_describe=False)
     index = BlockIndex()
     metrics = RoutingMetrics(registry, index_size=index.__len__)
