@@ -118,6 +118,12 @@ class GatewaySettings(KvgateSettings):
     route_popular_half_life_s: float = Field(
         30.0, gt=0, description="Router: how fast the popular-prefix count forgets a request."
     )
+    route_pending_s: float = Field(
+        10.0,
+        ge=0,
+        description="Router: with KV events, how long a prefix just sent to an engine counts as held there before "
+        "the engine's own events confirm it (keeps a burst of one new prefix together); 0 disables.",
+    )
 
 
 @lru_cache

@@ -25,7 +25,11 @@ Three rules keep prefix affinity from piling everything on one engine:
 Ties go by a stable hash of the request's first block and the engine: a prefix's requests agree,
 different prefixes spread. Without events for an engine (no NATS, a vLLM engine), the router
 inserts the hashes it routed there with the request's TTL (BlockIndex.insert_routed), so a
-session's next turn follows. Pure: no I/O; the caller passes `now` (epoch seconds).
+session's next turn follows. With events it inserts them for `pending_s` only: the time until the
+engine's own BlockStored arrive, so that a burst of one new prefix stays together.
+
+Pure: no I/O; the caller passes `now`, wall-clock epoch seconds (time.time(), the clock of the
+events' expiries; a monotonic clock would make event-fed entries outlive their expiry).
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class RouteWeights:
     imbalance_rel: float = 1.5  # ... and busiest above this × least busy: send to the least busy
     popular_requests: float = 8.0  # requests whose best match ended at one block within ~half-life
     popular_half_life_s: float = 30.0
+    pending_s: float = 10.0  # event-fed engines: a routed prefix is assumed there until its events arrive
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RouteWeights:
@@ -77,6 +82,7 @@ class RouteWeights:
             imbalance_rel=settings.route_imbalance_rel,
             popular_requests=settings.route_popular_requests,
             popular_half_life_s=settings.route_popular_half_life_s,
+            pending_s=settings.route_pending_s,
         )
 
 
@@ -130,6 +136,10 @@ class CacheAwareRouter:
         decision = self._decide(block_hashes, healthy, loads, matches, now)
         if not self.has_events(decision.engine):
             self.index.insert_routed(decision.engine, block_hashes, ttl_s, now=now)
+        elif self.weights.pending_s > 0:
+            # Until the engine's own events say so (after its prefill), a burst of requests with this new
+            # prefix would otherwise scatter; the events, a removal or a resync then overrule the guess.
+            self.index.insert_routed(decision.engine, block_hashes, min(ttl_s, self.weights.pending_s), now=now)
         if self.metrics is not None:
             self.metrics.decisions.labels(decision.engine, decision.reason).inc()
         return decision

@@ -84,7 +84,7 @@ def test_a_match_shorter_than_the_minimum_counts_as_none():
 
 def test_a_popular_prefix_spreads_by_load_and_sessions_still_stick():
     system = blocks(8)  # one tenant's system prompt, held by engine a only
-    router = evented(holding("a", system), popular_requests=3, w_load=1.0)
+    router = evented(holding("a", system), popular_requests=3, w_load=1.0, pending_s=0)
     loads = {"a": EngineLoad(4, 0), "b": IDLE, "c": IDLE}
     sessions = [system + blocks(4, start=1000 + 100 * i) for i in range(6)]
     chosen = [router.choose(s, loads, ttl_s=300, now=NOW) for s in sessions]
@@ -115,12 +115,19 @@ def test_fallback_insertion_makes_the_second_turn_stick():
     assert without_events.choose(turn2, busier, ttl_s=300, now=NOW + 5) == (first.engine, 6, "prefix")
     # After the TTL (from the last insertion), nothing is remembered.
     assert without_events.choose(turn2, busier, ttl_s=300, now=NOW + 306) == (other, 0, "least_loaded")
-    # An engine whose events reach the index gets no insertion: the second turn goes by load.
-    with_events = evented(BlockIndex())
+    # An engine whose events reach the index gets no lasting insertion: the second turn goes by load ...
+    with_events = evented(BlockIndex(), pending_s=0)
     first = with_events.choose(turn1, loads, ttl_s=300, now=NOW)
     other = "b" if first.engine == "a" else "a"
     busier = {first.engine: EngineLoad(1, 0), other: IDLE}
     assert with_events.choose(turn2, busier, ttl_s=300, now=NOW + 5) == (other, 0, "least_loaded")
+    # ... unless it comes before the engine's events could (pending_s): a burst of one prefix stays together.
+    pending = evented(BlockIndex(), pending_s=10)
+    first = pending.choose(turn1, loads, ttl_s=300, now=NOW)
+    other = "b" if first.engine == "a" else "a"
+    busier = {first.engine: EngineLoad(1, 0), other: IDLE}
+    assert pending.choose(turn2, busier, ttl_s=300, now=NOW + 5) == (first.engine, 6, "prefix")
+    assert pending.choose(turn2, busier, ttl_s=300, now=NOW + 16) == (other, 0, "least_loaded")
 
 
 def test_unhealthy_engines_are_skipped_and_ties_spread():

@@ -310,10 +310,13 @@ async def test_the_router_built_from_settings_follows_the_events(publisher, snap
         loads = {"x": EngineLoad(0, 0), "y": EngineLoad(1, 0)}
         decision = stack.router.choose(HASHES, loads, ttl_s=300, now=1_000_000.0)
         assert decision == ("y", 6, "prefix")
-        # Event-fed engines get no fallback insertion: a new prefix sent to x is not remembered for x.
+        # Event-fed engines get no lasting insertion: a new prefix sent to x counts as there only until x's
+        # own events could say so (KVGATE_ROUTE_PENDING_S).
         other = BlockHasher(model_id="m", block_size=4).hash_blocks(list(range(40)), "other salt")
         assert stack.router.choose(other, loads, ttl_s=300, now=1_000_000.0).engine == "x"
-        assert matched(stack.router.index, "x").total == 0 and len(stack.router.index) == 6
+        pending_until = 1_000_000.0 + settings.route_pending_s
+        assert stack.router.index.match(other, ["x"], now=pending_until - 1)["x"].total == 10
+        assert stack.router.index.match(other, ["x"], now=pending_until + 1)["x"].total == 0
         stack.router.record_actual(decision, 6)
         assert sample(registry, "kvgate:router_actual_hit_tokens_total", engine="y") == 24
     finally:
