@@ -13,8 +13,9 @@ waiting ahead).
 Three rules keep prefix affinity from piling everything on one engine:
 - imbalance: when the busiest engine has more than `imbalance_abs` requests in flight above the
   least busy AND more than `imbalance_rel` times as many, the least loaded engine gets the request
-  (SGLang's cache_aware policy does the same, at 64 and 1.5 for GPU servers; kvgate's engines
-  batch fewer requests, so 16);
+  (SGLang's cache_aware policy does the same, by default at 32 and 1.0001 for GPU servers;
+  kvgate's CPU engines batch fewer requests, so 16, and 1.5 so that two busy engines a few
+  requests apart do not count as imbalanced);
 - minimum match: an engine's match shorter than `min_match_blocks` counts as none;
 - popular prefixes: a block where many recent requests' best match ended (a shared system prompt
   that sessions then diverge from: `popular_requests` requests within about `popular_half_life_s`)
