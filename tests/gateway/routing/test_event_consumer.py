@@ -196,7 +196,13 @@ async def test_batches_arriving_during_a_resync_are_buffered(publisher, snapshot
     engines = {"e2": f"{snapshot_server.url()}/e2"}
     # No snapshot yet: the start-up resync keeps retrying (with backoff) while batches arrive.
     consumer = KVEventConsumer(
-        index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05, resync_attempts=1000
+        index,
+        nats_url=NATS_URL,
+        model_id=publisher.model_id,
+        engines=engines,
+        backoff_s=0.05,
+        max_backoff_s=0.5,
+        resync_attempts=1000,
     )
     await consumer.start()
     try:
