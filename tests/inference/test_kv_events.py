@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import time
@@ -11,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from inference.async_engine import AsyncEngine
 from inference.clock import ManualClock
 from inference.engine import Engine
 from inference.kv_event_publisher import KVEventPublisher, attach_publisher
+from inference.settings import EngineSettings
 from inference.types import CacheRegion, CacheSpec
 from kvgate import kv_events
 from kvgate.kv_events import AllBlocksCleared, KVEventBatch
@@ -22,7 +25,9 @@ from tests.inference.kv_event_helpers import (
     NATS_URL,
     live_blocks,
     purge,
+    purge_async,
     read_batches,
+    read_batches_async,
     removed_hashes,
     replay,
     snapshot_state,
@@ -213,3 +218,32 @@ def test_the_engine_serves_alike_whether_nats_is_reachable_or_not(evented, reach
         assert_consistent(engine, read_batches(engine.kv_events_subject, until_seq=seq))  # type: ignore[arg-type]
     else:
         assert publisher.published == 0 and publisher.dropped == seq and not publisher.connected
+
+
+async def test_an_idle_async_engine_publishes_expiries_by_itself(tiny_llama_dir):
+    clock = ManualClock()
+    settings = EngineSettings(
+        model=str(tiny_llama_dir), dtype="float32", kv_cache_gib=0.02, nats_url=NATS_URL, engine_id=unique_engine_id()
+    )
+    engine = AsyncEngine(settings, clock=clock)
+    await engine.start()
+    core = engine.core
+    assert core is not None and core.kv_events is not None and core.kv_events_subject is not None
+    try:
+        prompt = random_prompt(random.Random(1607), 50)
+        checked(await engine.generate(prompt, ONE_TOKEN))
+        hashes = committed_hashes(core, prompt)
+        batches = await read_batches_async(core.kv_events_subject, until_seq=core.kv_events.seq)
+        assert {h for e in stored_events(batches, "CPU") for h in e.block_hashes} == set(hashes)
+        assert removed_hashes(batches, "CPU") == []
+        clock.advance(301)
+        # No request comes: the engine thread wakes up by itself (every second) to publish the expiry.
+        deadline = time.monotonic() + 60
+        while set(removed_hashes(batches, "CPU")) != set(hashes):
+            assert time.monotonic() < deadline, "the expiry was never published"
+            await asyncio.sleep(0.2)
+            batches = await read_batches_async(core.kv_events_subject, until_seq=core.kv_events.seq)
+        assert replay(batches) == {}
+    finally:
+        await engine.shutdown()
+        await purge_async(core.kv_events_subject)
