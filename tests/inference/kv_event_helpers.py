@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
 import nats
 
@@ -99,3 +101,65 @@ def removed_hashes(batches: Iterable[KVEventBatch], medium: str) -> list[BlockHa
         if isinstance(e, BlockRemoved) and e.medium == medium
         for h in e.block_hashes
     ]
+
+
+class CuttableProxy:
+    """A TCP proxy to NATS on a free loopback port, whose link can be cut and restored (NATS itself is shared)."""
+
+    def __init__(self, target: tuple[str, int] = ("127.0.0.1", 4222)) -> None:
+        self.target = target
+        self.loop = asyncio.new_event_loop()
+        self.server: asyncio.Server | None = None
+        self.writers: set[asyncio.StreamWriter] = set()
+        self.port = 0
+        self.thread = threading.Thread(target=self.loop.run_forever, name="test-nats-proxy", daemon=True)
+        self.thread.start()
+        self.restore()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=30)
+
+    def restore(self) -> None:
+        """Accept connections again (on the same port)."""
+        self._run(self._listen())
+
+    def cut(self) -> None:
+        """Stop accepting and close every open connection."""
+        self._run(self._cut())
+
+    def close(self) -> None:
+        self.cut()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    async def _listen(self) -> None:
+        self.server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _cut(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        for writer in list(self.writers):
+            writer.close()
+        self.writers.clear()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.writers |= {writer, up_writer}
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))

@@ -23,6 +23,7 @@ from kvgate.kv_events import AllBlocksCleared, KVEventBatch
 from tests.inference.helpers import GREEDY, checked, random_prompt
 from tests.inference.kv_event_helpers import (
     NATS_URL,
+    CuttableProxy,
     live_blocks,
     purge,
     purge_async,
@@ -42,21 +43,20 @@ Evented = Callable[..., tuple[Engine, KVEventPublisher]]
 @pytest.fixture
 def evented(make_engine: Callable[..., Engine], tiny_llama_dir: Path) -> Iterator[Evented]:
     """evented(url=NATS_URL, **settings): an engine on a manual clock publishing its KV events, and its publisher."""
-    made: list[tuple[Engine, KVEventPublisher, str]] = []
+    made: list[tuple[Engine, KVEventPublisher]] = []
 
     def make(*, url: str = NATS_URL, **overrides: Any) -> tuple[Engine, KVEventPublisher]:
         engine = make_engine(tiny_llama_dir, nats_url=url, engine_id=unique_engine_id(), **overrides)
         publisher = attach_publisher(engine)
         assert publisher is not None
-        made.append((engine, publisher, url))
+        made.append((engine, publisher))
         return engine, publisher
 
     yield make
-    for engine, publisher, url in made:
+    for engine, publisher in made:
         engine.close()
         publisher.close()
-        if url == NATS_URL:
-            purge(engine.kv_events_subject)  # type: ignore[arg-type]
+        purge(engine.kv_events_subject)  # type: ignore[arg-type]
 
 
 def published(engine: Engine) -> list[KVEventBatch]:
@@ -247,3 +247,48 @@ async def test_an_idle_async_engine_publishes_expiries_by_itself(tiny_llama_dir)
     finally:
         await engine.shutdown()
         await purge_async(core.kv_events_subject)
+
+
+def test_a_lost_nats_link_drops_batches_as_a_seq_gap_and_publishing_resumes_after_reconnecting(evented):
+    proxy = CuttableProxy()
+    try:
+        engine, publisher = evented(url=proxy.url)
+        assert engine.kv_events is not None and engine.kv_events_subject is not None
+        assert publisher.wait_connected(30)
+        rng = random.Random(1608)
+
+        def commit_one() -> int:
+            checked(engine.generate(random_prompt(rng, 40), ONE_TOKEN))
+            engine.kv_events_tick()
+            return engine.kv_events.seq  # type: ignore[union-attr]
+
+        def settled(seq: int) -> None:
+            deadline = time.monotonic() + 60
+            while publisher.published + publisher.dropped < seq:
+                assert time.monotonic() < deadline, "the publisher never caught up"
+                time.sleep(0.05)
+
+        first = commit_one()
+        settled(first)
+        assert publisher.published == first and publisher.dropped == 0
+
+        proxy.cut()
+        lost = commit_one()  # the engine serves on; its batch cannot go out
+        settled(lost)
+        assert publisher.dropped >= 1
+
+        proxy.restore()
+        assert publisher.wait_connected(30)  # reconnected, after backing off
+        last = commit_one()
+        deadline = time.monotonic() + 60
+        while publisher.last_published_seq < last:
+            assert time.monotonic() < deadline, "publishing never resumed"
+            time.sleep(0.05)
+
+        batches = read_batches(engine.kv_events_subject, until_seq=last)
+        seqs = [b.seq for b in batches]
+        assert seqs[:first] == list(range(1, first + 1)) and lost not in seqs and seqs[-1] == last
+        # A router that sees the gap resyncs from the snapshot, which is the truth.
+        assert set(snapshot_state(engine.kv_events.snapshot())) == live_blocks(engine)
+    finally:
+        proxy.close()
