@@ -48,6 +48,8 @@ def serve(
 
     configure_logging(log_level.value)
     settings = EngineSettings()
+    if settings.engine_id is None:  # routers know a served engine by where it listens
+        settings = settings.model_copy(update={"engine_id": served_engine_id(host, port)})
     try:  # before the model loads: a taken port or a bad disk tier is one line, not a traceback after it
         check_engine_start(host, port, settings)
     except StartupError as exc:
@@ -62,3 +64,12 @@ def serve(
         log_config=None,
         timeout_graceful_shutdown=grace * 2 / 3,  # type: ignore[arg-type]
     )
+
+
+def served_engine_id(host: str, port: int) -> str:
+    """The default engine id of `kvgate engine serve`: host:port (the hostname when listening on all addresses)."""
+    import socket
+
+    if host in ("", "0.0.0.0", "::"):
+        host = socket.gethostname()
+    return f"{host}:{port}"

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from inference.block_pool import BlockPool, KVBlock
 from inference.clock import Clock
-from inference.hashing import BlockHasher
+from inference.hashing import BlockHash, BlockHasher
 from inference.request import Request
 from inference.tiers import TIER_NAMES, TierHit, TierManager
 from inference.tiers.tier_manager import DEVICE
@@ -150,7 +150,8 @@ class KVCacheManager:
             ttl = max(hit.entry.ttl_s, ttls[j])
             # False only if a block with this hash but other tokens (a hash collision) is live on
             # the device: this block then serves this request without being cached.
-            self.pool.commit(block, request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], ttl, now)
+            tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
+            self.pool.commit(block, request.block_hashes[j], tokens, ttl, now, parent_of(request, j))
         return True
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
@@ -171,7 +172,8 @@ class KVCacheManager:
         for j in range(request.num_committed_blocks, upto):
             ttl = request.commit_ttls[j]
             tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
-            committed = self.pool.commit(request.blocks[j], request.block_hashes[j], tokens, ttl, now)
+            block_hash = request.block_hashes[j]
+            committed = self.pool.commit(request.blocks[j], block_hash, tokens, ttl, now, parent_of(request, j))
             # A block recomputed after a preemption was already counted the first time.
             if committed and j >= request.num_accounted_blocks:
                 request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs
@@ -192,6 +194,11 @@ class KVCacheManager:
     @staticmethod
     def block_ids(blocks: Sequence[KVBlock]) -> list[int]:
         return [b.block_id for b in blocks]
+
+
+def parent_of(request: Request, j: int) -> BlockHash | None:
+    """The hash block j chains on: the previous block's; None for the first."""
+    return request.block_hashes[j - 1] if j > 0 else None
 
 
 def tier_counts(hits: Sequence[Hit], block_size: int) -> dict[str, int]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -70,3 +72,19 @@ class EngineSettings(BaseSettings):
     kv_offload_staging_mib: float = Field(
         64.0, gt=0, description="Host buffers for blocks on their way to disk; when all are in flight, evictions wait."
     )
+
+    # KV events (docs/architecture.md, "KV events"): what this engine's caches hold, for prefix routing.
+    nats_url: str | None = Field(
+        None,
+        description="NATS server (with JetStream) to publish KV cache events to, e.g. nats://127.0.0.1:4222; "
+        "unset: no events (gateways then route on what they sent where).",
+    )
+    engine_id: str | None = Field(
+        None,
+        description="This engine's id in KV events and GET /kv/info; unique per engine. Default: host:port "
+        "under `kvgate engine serve` (the machine's hostname when listening on all addresses), else hostname-pid.",
+    )
+
+    def resolved_engine_id(self) -> str:
+        """engine_id, or hostname-pid when unset."""
+        return self.engine_id or f"{socket.gethostname()}-{os.getpid()}"

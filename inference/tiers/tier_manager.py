@@ -33,6 +33,7 @@ import torch
 from inference.block_pool import KVBlock
 from inference.clock import Clock
 from inference.hashing import BlockHash
+from inference.kv_event_log import BlockEvents, Probe, tier_medium
 from inference.settings import EngineSettings
 from inference.tiers.base import Demote, KVTier, KVTierType
 from inference.tiers.disk_tier import DiskTier
@@ -77,6 +78,22 @@ class TierManager:
     def tier(self, name: str) -> KVTier | None:
         """The tier called name, if the engine has one."""
         return next((t for t in self.tiers if t.name == name), None)
+
+    def attach_events(self, events: BlockEvents) -> dict[str, Probe]:
+        """Have every tier that reports KV events (`attach_events`, `expiry`) report to events.
+
+        Returns each such tier's expiry probe by event medium, for KVEventLog.sweep. A tier
+        without those methods publishes nothing (routers then see only the tiers that do).
+        """
+        probes: dict[str, Probe] = {}
+        for tier in self.tiers:
+            attach = getattr(tier, "attach_events", None)
+            if attach is None:
+                continue
+            medium = tier_medium(tier.name)
+            attach(events, medium)
+            probes[medium] = tier.expiry  # type: ignore[attr-defined]
+        return probes
 
     def stats(self) -> dict[str, TierStats]:
         return {t.name: t.stats for t in self.tiers}
@@ -208,6 +225,7 @@ def _entry_of(block: KVBlock, expires_at: float) -> TierEntry:
     assert block.block_hash is not None
     return TierEntry(
         block_hash=block.block_hash,
+        parent_hash=block.parent_hash,
         token_ids=block.token_ids,
         ttl_s=block.ttl_s,
         expires_at=expires_at,
