@@ -73,12 +73,14 @@ class KVCacheManager:
         now = self.clock.now()
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
         bs = self.block_size
+        keys = [(request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]) for j in range(limit)]
+        # Below the device, looked up as the walk gets there (a remote tier: a chunk per round trip).
+        below = self.tiers.lookup_prefix(keys, now) if self.tiers is not None else None
         hits: list[Hit] = []
-        for j in range(limit):
-            block_hash, tokens = request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]
+        for j, (block_hash, tokens) in enumerate(keys):
             hit: Hit | None = self.pool.get_cached(block_hash, tokens, now)
-            if hit is None and self.tiers is not None:
-                hit = self.tiers.lookup(block_hash, tokens, now)
+            if hit is None and below is not None:
+                hit = below.get(j)
             if hit is None:
                 break
             hits.append(hit)
@@ -172,6 +174,8 @@ class KVCacheManager:
             ttl = request.commit_ttls[j]
             tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
             committed = self.pool.commit(request.blocks[j], request.block_hashes[j], tokens, ttl, now)
+            if committed and self.tiers is not None and self.tiers.shared:
+                self.tiers.on_commit(request.blocks[j])
             # A block recomputed after a preemption was already counted the first time.
             if committed and j >= request.num_accounted_blocks:
                 request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs

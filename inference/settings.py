@@ -70,3 +70,26 @@ class EngineSettings(BaseSettings):
     kv_offload_staging_mib: float = Field(
         64.0, gt=0, description="Host buffers for blocks on their way to disk; when all are in flight, evictions wait."
     )
+    # The shared tier in Redis (docs/architecture.md, "The Redis tier").
+    kv_redis_url: str | None = Field(
+        None,
+        description="Shared KV tier in Redis (redis://host:port/db), read and written by every engine of the same "
+        "model; unset: off. Redis down or slow means recompute, never an error.",
+    )
+    kv_redis_gib: float = Field(
+        8.0,
+        gt=0,
+        description="How much of the Redis tier this engine indexes (blocks it knows to be there, for refreshes and "
+        "metrics). Redis's own maxmemory and eviction policy bound the store itself.",
+    )
+    kv_redis_chunk_blocks: int = Field(
+        32, gt=0, description="Blocks per Redis round trip: lookups, loads and stores go in pipelines of this many."
+    )
+    kv_redis_timeout_ms: int = Field(
+        500, gt=0, description="Socket timeout of Redis calls; a call past it counts as Redis down (recompute)."
+    )
+    kv_redis_queue_blocks: int = Field(
+        256,
+        gt=0,
+        description="Blocks queued for the Redis writer thread at most; beyond that stores are dropped, never waited.",
+    )
