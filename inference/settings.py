@@ -88,8 +88,8 @@ class EngineSettings(BaseSettings):
     kv_redis_timeout_ms: int = Field(
         500, gt=0, description="Socket timeout of Redis calls; a call past it counts as Redis down (recompute)."
     )
-    kv_redis_queue_blocks: int = Field(
-        256,
+    kv_redis_queue_mib: float = Field(
+        128.0,
         gt=0,
         description="Blocks queued for the Redis writer thread at most; beyond that stores are dropped, never waited.",
     )

@@ -114,6 +114,10 @@ class RedisTier:
         self._loads: dict[BlockHash, tuple[Future[list[bytes | None] | None], int]] = {}
         self._corrupt: set[BlockHash] = set()
         self._read_buffer = np.empty(layout.nbytes, dtype=np.uint8)
+        # Values on their way to Redis, allocated once (a fresh buffer per block costs page
+        # faults on the engine thread); every queued store holds one, so this bounds the queue.
+        self._staging = torch.empty((queue_blocks, self.payload_offset + layout.nbytes), dtype=torch.uint8)
+        self._free_buffers = list(range(queue_blocks))
         self.writer = RedisWriter(self._write, max_queued=queue_blocks, batch_size=chunk_blocks)
         self._closed = False
 
@@ -125,6 +129,8 @@ class RedisTier:
         if not settings.kv_redis_url:
             return None
         timeout_s = settings.kv_redis_timeout_ms / 1000
+        # Not the URL: it may hold a password.
+        log.info("kv_redis_tier", key_prefix=key_prefix(model_fingerprint, layout))
         return cls(
             connect(settings.kv_redis_url, timeout_s),
             layout,
@@ -132,7 +138,7 @@ class RedisTier:
             clock=clock,
             capacity=max(1, int(settings.kv_redis_gib * 2**30) // layout.nbytes),
             chunk_blocks=settings.kv_redis_chunk_blocks,
-            queue_blocks=settings.kv_redis_queue_blocks,
+            queue_blocks=max(1, int(settings.kv_redis_queue_mib * 2**20) // layout.nbytes),
             timeout_s=timeout_s,
         )
 
@@ -251,9 +257,12 @@ class RedisTier:
                 self.stats.checksum_failures += 1
             self._corrupt.add(entry.block_hash)
             return False
-        start = self.payload_offset
-        self._read_buffer[:] = np.frombuffer(value, dtype=np.uint8, count=self.layout.nbytes, offset=start)
-        wait(copy_block(dest, self.layout.typed(torch.from_numpy(self._read_buffer))))
+        payload = np.frombuffer(value, dtype=np.uint8, count=self.layout.nbytes, offset=self.payload_offset)
+        if dest.device.type == "cpu":
+            np.copyto(_bits(dest), payload.view(_bits(dest).dtype).reshape(dest.shape))
+        else:
+            self._read_buffer[:] = payload
+            wait(copy_block(dest, self.layout.typed(torch.from_numpy(self._read_buffer))))
         with self._lock:
             self.stats.loads += 1
             self.stats.bytes_read += self.layout.nbytes
@@ -310,14 +319,28 @@ class RedisTier:
                 self.stats.skipped += 1
                 self.stats.dropped_stores += 1
             return False
-        value = torch.empty(self.payload_offset + self.layout.nbytes, dtype=torch.uint8)
-        fence = copy_block(self.layout.typed(value[self.payload_offset :]), source)
-        if not self.writer.submit(StoreJob(entry.detached(), value, fence, px)):
+        with self._lock:
+            buffer = self._free_buffers.pop() if self._free_buffers else None
+            if buffer is None:  # the writer is that far behind: this block is not shared
+                self.stats.dropped_stores += 1
+                return False
+        dest = self.layout.typed(self._staging[buffer, self.payload_offset :])
+        fence = None
+        if source.device.type == "cpu":
+            np.copyto(_bits(dest), _bits(source))  # torch's copy_ wakes its thread pool for one block
+        else:
+            fence = copy_block(dest, source)
+        if not self.writer.submit(StoreJob(entry.detached(), buffer, fence, px)):
             wait(fence)
+            self._release(buffer)
             with self._lock:
                 self.stats.dropped_stores += 1
             return False
         return True
+
+    def _release(self, buffer: int) -> None:
+        with self._lock:
+            self._free_buffers.append(buffer)
 
     def _write(self, jobs: Sequence[WriteJob]) -> None:
         """The writer thread: one pipeline for a batch of stores and refreshes."""
@@ -332,7 +355,12 @@ class RedisTier:
                 pipe.pexpire(key, job.px_ms, gt=True)
             return pipe.execute()
 
-        replies = self._call(send)
+        try:
+            replies = self._call(send)
+        finally:
+            for job in jobs:
+                if isinstance(job, StoreJob):
+                    self._release(job.buffer)
         stores = sum(isinstance(job, StoreJob) for job in jobs)
         if replies is None:
             with self._lock:
@@ -356,7 +384,7 @@ class RedisTier:
     def _value(self, job: StoreJob, wall: float) -> memoryview:
         """The job's buffer with its header filled in (the payload is already there)."""
         wait(job.fence)
-        raw = job.value.numpy()
+        raw = self._staging[job.buffer].numpy()
         payload = raw[self.payload_offset :]
         entry = job.entry
         header = RecordHeader(
@@ -428,6 +456,14 @@ class RedisTier:
         with self._lock:
             if self._known.pop(block_hash, None) is not None and evicted:
                 self.stats.evictions += 1
+
+
+_INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array of its shape and strides (bits, any dtype: bf16 included)."""
+    return t.view(_INT_OF_SIZE[t.element_size()]).numpy()
 
 
 def connect(url: str, timeout_s: float) -> redis.Redis:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
-import torch
 
 from inference.tiers.lru_index import TierEntry
 from inference.tiers.transfer import Fence
@@ -24,7 +23,7 @@ log = structlog.get_logger(__name__)
 @dataclass(frozen=True, slots=True)
 class StoreJob:
     entry: TierEntry  # the block's metadata (detached)
-    value: torch.Tensor  # uint8: the value's header room, then a copy of the block
+    buffer: int  # the tier's staging buffer holding the value: header room, then a copy of the block
     fence: Fence | None  # the copy into value, when it may still be running (CUDA)
     px_ms: int  # its remaining lifetime
 
