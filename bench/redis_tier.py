@@ -13,6 +13,7 @@ Keys go under a fingerprint of their own and are deleted afterwards. Not a test:
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import random
 import statistics
@@ -153,7 +154,8 @@ def main() -> None:
     nbytes = BlockLayout((30, 2, 16, 3, 64), dtype).nbytes
     lines = [
         f"Machine: {machine_description()}; Python {platform.python_version()}, torch {torch.__version__}; "
-        f"SmolLM2-135M-Instruct in {dtype_name}; Redis on loopback. Medians of {args.reps}.",
+        f"SmolLM2-135M-Instruct in {dtype_name}; Redis on loopback. Medians of {args.reps}; load average at the "
+        f"end {os.getloadavg()[0]:.1f} (other work on the machine inflates every row alike).",
         "",
         f"TTFT of a {args.prefix}-token prefix (+1 token), ms:",
         "",

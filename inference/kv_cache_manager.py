@@ -86,6 +86,11 @@ class KVCacheManager:
             hits.append(hit)
         return hits
 
+    def prefetch(self, hits: list[Hit]) -> bool:
+        """Start fetching the hits held by a remote tier; True when admit() would not wait for any."""
+        below = [h for h in hits if isinstance(h, TierHit)]
+        return not below or self.tiers is None or self.tiers.prefetch(below)
+
     def admit(self, request: Request, hits: list[Hit], num_new_tokens: int) -> bool:
         """Take the request's prefix hits (from find_hits) and blocks for its first chunk.
 

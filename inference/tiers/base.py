@@ -124,6 +124,15 @@ class BatchedLookup(Protocol):
         ...
 
 
+@runtime_checkable
+class Prefetching(Protocol):
+    """Optional, for a tier whose loads wait on the network: start them early, so other work runs meanwhile."""
+
+    def prefetch(self, entries: Sequence[TierEntry]) -> bool:
+        """Start fetching entries (from lookup) if not started; True when all are in and load() will not wait."""
+        ...
+
+
 class KVTierType(Protocol):
     """A tier class: builds its tier from the engine settings, or None when they turn it off."""
 

@@ -14,12 +14,15 @@ a load checks the payload checksum, and a block that fails it is deleted and rec
 Round trips, each a pipeline of up to chunk_blocks blocks:
 - lookup_many: GETRANGE (the header) + PTTL per block. Nothing is refreshed: the request
   may still be cut short or fail to get device blocks.
-- prepare_load: starts `GETEX key PX ttl` per block on the reader thread, chunk by chunk;
-  a hit refreshes the key's expiry to its TTL from now (never below what it had).
-  load() waits only for its own block's chunk, so verifying and copying one chunk
-  overlaps the transfer of the next, and the transfers overlap the host and disk tiers'
-  loads, which TierManager makes first. The prefill waits for the whole prefix: the
-  scheduler promotes before it computes (see docs/architecture.md).
+- prefetch / prepare_load: `GETEX key PX ttl` per block on the reader thread, chunk by
+  chunk; a hit refreshes the key's expiry to its TTL from now (never below what it had).
+  The scheduler calls prefetch() before admitting a request with hits here and, while
+  they are on their way, runs its step for the other requests (their decodes and
+  prefills overlap the transfer); the request is admitted at a later step. An engine
+  with nothing else to do admits at once and waits in load(). load() waits only for its
+  own block's chunk, so verifying and copying one chunk overlaps the transfer of the
+  next, and the transfers overlap the host and disk tiers' loads, which TierManager
+  makes first. The request's own prefill starts once its whole prefix is in.
 - stores: `SET key value NX PX ttl` + `PEXPIRE key ttl GT` per block, from a writer
   thread with a bounded queue (RedisWriter); NX keeps the first writer's bytes (every
   writer computed the same bytes), GT lets a longer TTL win. refresh() sends PEXPIRE GT
@@ -66,6 +69,7 @@ log = structlog.get_logger(__name__)
 T = TypeVar("T")
 KEY_VERSION = "kvg:v1"
 _HEADER_ALIGN = 64  # the payload starts aligned, so it can be viewed as any KV dtype in place
+_PREFETCH_KEEP_S = 60.0  # fetched blocks no admission took are dropped after this long
 
 
 def key_prefix(model_fingerprint: str, layout: BlockLayout) -> str:
@@ -111,7 +115,9 @@ class RedisTier:
         # refresh() can extend without a round trip, and what len() reports.
         self._known: OrderedDict[BlockHash, float] = OrderedDict()
         self._reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvgate-redis-read")
-        self._loads: dict[BlockHash, tuple[Future[list[bytes | None] | None], int]] = {}
+        # Fetches started (by prefetch or prepare_load) and not yet loaded: block hash ->
+        # (its chunk's GETEX replies, its index there, when the fetch started).
+        self._loads: dict[BlockHash, tuple[Future[list[bytes | None] | None], int, float]] = {}
         self._corrupt: set[BlockHash] = set()
         self._read_buffer = np.empty(layout.nbytes, dtype=np.uint8)
         # Values on their way to Redis, allocated once (a fresh buffer per block costs page
@@ -211,22 +217,39 @@ class RedisTier:
             and header.payload_len == self.layout.nbytes
         )
 
+    def prefetch(self, entries: Sequence[TierEntry]) -> bool:
+        """Start fetching entries not on their way yet; True when every one is in (load() will not wait).
+
+        The scheduler calls it before admitting a request with hits here, and while they
+        are on their way runs a step for the other requests instead (docs/architecture.md).
+        """
+        self._start_fetches(entries)
+        return all(self._loads[e.block_hash][0].done() for e in entries)
+
     def prepare_load(self, entries: Sequence[TierEntry]) -> bool:
-        """Start fetching entries (GETEX, refreshing their expiry) chunk by chunk on the reader thread.
+        """Start fetching entries not prefetched yet (GETEX, refreshing their expiry), chunk by chunk.
 
         Nothing can be locked in a shared store: an entry gone by now fails its load().
         """
+        self._start_fetches(entries)
+        return True
+
+    def _start_fetches(self, entries: Sequence[TierEntry]) -> None:
+        started = time.monotonic()
+        # Prefetches of requests that were never admitted (cancelled, or their hits changed).
+        for block_hash in [h for h, (f, _, t) in self._loads.items() if f.done() and started - t > _PREFETCH_KEEP_S]:
+            del self._loads[block_hash]
+        missing = [e for e in entries if e.block_hash not in self._loads]
         now = self.clock.now()
-        for start in range(0, len(entries), self.chunk_blocks):
-            chunk = entries[start : start + self.chunk_blocks]
+        for start in range(0, len(missing), self.chunk_blocks):
+            chunk = missing[start : start + self.chunk_blocks]
             # The hit's TTL from now, but never shorter than what the key had at lookup
             # (another engine may have extended it for a longer TTL).
             pxs = [max(e.ttl_s * 1000, int((e.expires_at - now) * 1000), 1) for e in chunk]
             keys = [self.key(e.block_hash) for e in chunk]
             future = self._reader.submit(self._fetch, keys, pxs)
             for i, entry in enumerate(chunk):
-                self._loads[entry.block_hash] = (future, i)
-        return True
+                self._loads[entry.block_hash] = (future, i, started)
 
     def _fetch(self, keys: list[str], pxs: list[int]) -> list[bytes | None] | None:
         def send() -> list[bytes | None]:
@@ -242,7 +265,7 @@ class RedisTier:
         pending = self._loads.get(entry.block_hash)
         if pending is None:
             return False
-        future, index = pending
+        future, index, _ = pending
         try:
             values = future.result(timeout=4 * self.timeout_s + 1.0)
         except FutureTimeout:

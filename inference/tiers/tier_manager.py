@@ -34,7 +34,7 @@ from inference.block_pool import KVBlock
 from inference.clock import Clock
 from inference.hashing import BlockHash
 from inference.settings import EngineSettings
-from inference.tiers.base import Demote, KVTier, KVTierType
+from inference.tiers.base import Demote, KVTier, KVTierType, Prefetching
 from inference.tiers.disk_tier import DiskTier
 from inference.tiers.host_tier import HostTier
 from inference.tiers.layout import BlockLayout, device_block
@@ -141,6 +141,14 @@ class TierManager:
     def lookup_prefix(self, keys: Sequence[tuple[BlockHash, Sequence[int]]], now: float) -> PrefixLookup:
         """Lookups of a request's leading blocks (hash, token ids), answered as asked: remote tiers by the chunk."""
         return PrefixLookup(self.tiers, keys, now)
+
+    def prefetch(self, hits: Sequence[TierHit]) -> bool:
+        """Start the hits' remote fetches; True when none is still on its way (local tiers are always ready)."""
+        ready = True
+        for tier, entries in self._by_tier(hits):
+            if isinstance(tier, Prefetching):
+                ready = tier.prefetch(entries) and ready
+        return ready
 
     def lock(self, hits: Sequence[TierHit]) -> bool:
         """Protect hits from eviction until load(); False, locking nothing, if one has gone meanwhile."""

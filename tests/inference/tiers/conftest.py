@@ -68,7 +68,9 @@ def shared(
         model_dir: Path, *, namespace: str = "a", device: int = 16, host: int = 0, url: str = REDIS_URL, **kw: Any
     ) -> Engine:
         current["namespace"] = namespace
-        overrides: dict[str, Any] = {"kv_cache_blocks": device, "kv_host_blocks": host, "kv_redis_url": url, **kw}
+        # A generous timeout: on a loaded machine a slow reply must not turn into a miss the test did not expect.
+        overrides: dict[str, Any] = {"kv_cache_blocks": device, "kv_host_blocks": host, "kv_redis_url": url}
+        overrides |= {"kv_redis_timeout_ms": 10_000, **kw}
         engine = make_engine(model_dir, **overrides)
         engines.append(engine)
         return engine

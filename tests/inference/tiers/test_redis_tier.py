@@ -8,6 +8,7 @@ salts of its own and deletes its keys (see conftest.shared).
 from __future__ import annotations
 
 import random
+import threading
 import uuid
 
 import redis
@@ -152,3 +153,30 @@ def test_an_engine_with_another_model_fingerprint_reads_nothing(shared, tiny_lla
     same = shared(tiny_llama_dir, namespace="model-1")
     hit = checked(same.generate(prompt, GREEDY_8, spec))
     assert hit.usage.cached_tokens_by_tier == by_tier(redis=144)
+
+
+def test_a_request_waits_for_its_remote_blocks_while_the_other_requests_step(shared, tiny_llama_dir):
+    a, b = shared(tiny_llama_dir), shared(tiny_llama_dir, device=32)
+    rng = random.Random(90)
+    prompt, spec = random_prompt(rng, 150), CacheSpec(salt=salt())
+    cold = checked(a.generate(prompt, GREEDY_8, spec))
+    a.tiers.flush()
+    tier = redis_tier(b)
+    gate, fetch = threading.Event(), tier._fetch
+    tier._fetch = lambda keys, pxs: (gate.wait(timeout=60), fetch(keys, pxs))[1]  # Redis as slow as we like
+    busy = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    b.add_request("busy", random_prompt(rng, 40), busy, CacheSpec(salt=salt()))
+    b.step()
+    b.add_request("warm", prompt, GREEDY_8, spec)
+    try:
+        for _ in range(3):
+            outputs = b.step()
+            assert b.num_waiting == 1  # "warm" waits for its blocks...
+            assert [o.request_id for o in outputs if o.token_ids] == ["busy"]  # ...while "busy" decodes
+    finally:
+        gate.set()
+    finished = None
+    while finished is None:
+        finished = next((o.finished for o in b.step() if o.request_id == "warm" and o.finished), None)
+    checked(finished)
+    assert finished.usage.cached_tokens_by_tier == by_tier(redis=144) and finished.token_ids == cold.token_ids
