@@ -164,7 +164,9 @@ def _tier_metrics(stats: EngineStats) -> Iterator[Metric]:
     yield from (used, total, used_bytes)
     if stats.offload_pending is not None:
         pending = GaugeMetricFamily(
-            "kvgate:kv_offload_pending", "Blocks queued for a KV tier (the disk's writer).", labels=["model_name"]
+            "kvgate:kv_offload_pending",
+            "Blocks queued for a KV tier (the disk's and Redis's writers).",
+            labels=["model_name"],
         )
         pending.add_metric([model], stats.offload_pending)
         yield pending

@@ -7,9 +7,10 @@ this fingerprint (with the layout and the salted block hash), so a different mod
 re-quantized or fine-tuned checkpoint under the same name, another dtype or another
 kernel reads nothing, instead of reading KV that would make warm output differ from cold.
 
-The weights are hashed from the checkpoint's files (xxh3-128 over their bytes, about a
-second per 10 GB from the page cache, where loading just put them), not from the
-tensors in memory: bf16 linears on CPU are repacked into oneDNN's opaque layout.
+The weights are hashed from the checkpoint's files (xxh3-128 over their bytes, from the
+page cache, where loading just put them: 0.28 s for SmolLM2's 538 MB on this 2-core
+machine under load), not from the tensors in memory: bf16 linears on CPU are repacked
+into oneDNN's opaque layout.
 """
 
 from __future__ import annotations

@@ -96,6 +96,7 @@ class RedisTier:
         queue_blocks: int = 256,
         timeout_s: float = 0.5,
         breaker: CircuitBreaker | None = None,
+        pin_memory: bool = False,
     ) -> None:
         assert capacity > 0 and chunk_blocks > 0
         self.client = client
@@ -119,10 +120,12 @@ class RedisTier:
         # (its chunk's GETEX replies, its index there, when the fetch started).
         self._loads: dict[BlockHash, tuple[Future[list[bytes | None] | None], int, float]] = {}
         self._corrupt: set[BlockHash] = set()
-        self._read_buffer = np.empty(layout.nbytes, dtype=np.uint8)
+        # A CUDA device's loads go through it (pinned, like the staging buffers).
+        self._read_buffer = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
         # Values on their way to Redis, allocated once (a fresh buffer per block costs page
         # faults on the engine thread); every queued store holds one, so this bounds the queue.
-        self._staging = torch.empty((queue_blocks, self.payload_offset + layout.nbytes), dtype=torch.uint8)
+        value_size = self.payload_offset + layout.nbytes
+        self._staging = torch.empty((queue_blocks, value_size), dtype=torch.uint8, pin_memory=pin_memory)
         self._free_buffers = list(range(queue_blocks))
         self.writer = RedisWriter(self._write, max_queued=queue_blocks, batch_size=chunk_blocks)
         self._closed = False
@@ -146,6 +149,7 @@ class RedisTier:
             chunk_blocks=settings.kv_redis_chunk_blocks,
             queue_blocks=max(1, int(settings.kv_redis_queue_mib * 2**20) // layout.nbytes),
             timeout_s=timeout_s,
+            pin_memory=pin_memory,
         )
 
     def key(self, block_hash: BlockHash) -> str:
@@ -284,8 +288,8 @@ class RedisTier:
         if dest.device.type == "cpu":
             np.copyto(_bits(dest), payload.view(_bits(dest).dtype).reshape(dest.shape))
         else:
-            self._read_buffer[:] = payload
-            wait(copy_block(dest, self.layout.typed(torch.from_numpy(self._read_buffer))))
+            self._read_buffer.numpy()[:] = payload
+            wait(copy_block(dest, self.layout.typed(self._read_buffer)))
         with self._lock:
             self.stats.loads += 1
             self.stats.bytes_read += self.layout.nbytes
