@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import random
+import shutil
+import subprocess
 import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
+import redis
 import torch
 
 from inference.model_fingerprint import model_fingerprint
@@ -128,3 +133,69 @@ def test_the_redis_tier_is_named_after_host_and_disk_and_off_unless_its_url_is_s
 def test_no_url_means_no_redis_tier(tiered, tiny_llama_dir, url):
     engine = tiered(tiny_llama_dir, host=8, kv_redis_url=url)
     assert engine.tiers is not None and engine.tiers.tier("redis") is None and engine.tiers.shared == []
+
+
+@pytest.fixture
+def private_redis_port() -> Iterator[tuple[int, Callable[[], None], Callable[[], None]]]:
+    """A loopback port for a redis-server of this test's own, with start() and stop() (stop waits for its exit)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    port = closed_port()
+    procs: list[subprocess.Popen] = []
+
+    def start() -> None:
+        args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        procs.append(subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        client = redis.Redis(port=port, socket_connect_timeout=1)
+        deadline = time.monotonic() + 30
+        while True:  # wait for it to listen: poll its PING, bounded
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+
+    def stop() -> None:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+        procs.clear()
+
+    yield port, start, stop
+    stop()
+
+
+def test_sharing_resumes_when_redis_comes_back_and_stops_cleanly_when_it_goes(
+    shared, tiny_llama_dir, private_redis_port
+):
+    port, start, stop = private_redis_port
+    clock = FakeMonotonic()
+    a = shared(tiny_llama_dir, url=f"redis://127.0.0.1:{port}/0")
+    tier = redis_tier(a)
+    tier.breaker = CircuitBreaker(base_backoff_s=1.0, monotonic=clock)
+    rng, spec = random.Random(91), CacheSpec(salt=f"t-{uuid.uuid4().hex}")
+    first, second, third = random_prompt(rng, 150), random_prompt(rng, 150), random_prompt(rng, 150)
+    checked(a.generate(first, GREEDY_8, spec))  # nothing listens yet
+    a.tiers.flush()
+    assert tier.stats.stores == 0 and tier.stats.errors >= 1 and tier.breaker.is_open
+
+    start()
+    checked(a.generate(second, GREEDY_8, spec))  # within the backoff: skipped, not tried
+    a.tiers.flush()
+    assert tier.stats.stores == 0 and tier.stats.skipped >= 1
+    clock.t += 1.0  # the backoff is over: the next call probes, succeeds, and closes the breaker
+    checked(a.generate(third, GREEDY_8, spec))
+    a.tiers.flush()
+    # Its 9 blocks, and some from the outage, stored as the device evicted them.
+    assert not tier.breaker.is_open and tier.stats.stores >= 9
+    b = shared(tiny_llama_dir, url=f"redis://127.0.0.1:{port}/0")
+    assert checked(b.generate(third, GREEDY_8, spec)).usage.cached_tokens_by_tier == by_tier(redis=144)
+
+    stop()  # Redis goes away mid-run: B carries on, recomputing
+    errors = redis_tier(b).stats.errors
+    out = checked(b.generate(first, GREEDY_8, spec))
+    assert out.usage.cached_tokens == 0 and out.usage.cache_write_tokens == 144
+    assert redis_tier(b).stats.errors > errors
