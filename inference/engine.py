@@ -19,6 +19,7 @@ from inference.fused_ops import FusedOps
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
 from inference.kv_event_log import KVEventLog, Probe
+from inference.model_fingerprint import model_fingerprint
 from inference.model_loader import LoadedModel, load_model
 from inference.model_runner import Chunk, ModelRunner
 from inference.paged_attention import KVTensors
@@ -102,7 +103,11 @@ class Engine:
             dtype=self.loaded.dtype,
             device=self.loaded.device,
         )
-        self.tiers = TierManager.from_settings(settings, self.kv_tensors.cache, self.clock)
+        fused = FusedOps.load(settings.cache_dir) if self.loaded.device.type == "cpu" else None
+        kernel = self._cpu_kernel(settings, head_dim)
+        self.tiers = TierManager.from_settings(
+            settings, self.kv_tensors.cache, self.clock, model_fingerprint=self._fingerprint(settings, kernel, fused)
+        )
         self.pool = BlockPool(
             num_blocks,
             on_evict=self.tiers.on_device_evict if self.tiers is not None else None,
@@ -122,8 +127,7 @@ class Engine:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        fused = FusedOps.load(settings.cache_dir) if self.loaded.device.type == "cpu" else None
-        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, self._cpu_kernel(settings, head_dim), fused)
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused)
         self.vocab_size = int(cfg.vocab_size)
         self.structured = StructuredOutputs(
             self.loaded.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.loaded.eos_token_ids
@@ -178,6 +182,13 @@ class Engine:
                 raise RuntimeError("KVGATE_ATTENTION_BACKEND=cpu_kernel but the kernel cannot serve this model")
             return None
         return kernel
+
+    def _fingerprint(self, settings: EngineSettings, kernel: CpuPagedAttention | None, fused: FusedOps | None) -> str:
+        """What a shared KV tier keys blocks by; "" without one (it costs a read of the weights)."""
+        if not settings.kv_redis_url:
+            return ""
+        compute = f"attn={'cpu_kernel' if kernel is not None else 'torch'},fused={int(fused is not None)}"
+        return model_fingerprint(self.loaded.path, dtype=self.loaded.dtype, device=self.loaded.device, compute=compute)
 
     def close(self) -> None:
         """Write live blocks out to the KV disk tier (if set to) and release it; the engine must not step afterwards."""

@@ -73,16 +73,23 @@ class KVCacheManager:
         now = self.clock.now()
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
         bs = self.block_size
+        keys = [(request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]) for j in range(limit)]
+        # Below the device, looked up as the walk gets there (a remote tier: a chunk per round trip).
+        below = self.tiers.lookup_prefix(keys, now) if self.tiers is not None else None
         hits: list[Hit] = []
-        for j in range(limit):
-            block_hash, tokens = request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]
+        for j, (block_hash, tokens) in enumerate(keys):
             hit: Hit | None = self.pool.get_cached(block_hash, tokens, now)
-            if hit is None and self.tiers is not None:
-                hit = self.tiers.lookup(block_hash, tokens, now)
+            if hit is None and below is not None:
+                hit = below.get(j)
             if hit is None:
                 break
             hits.append(hit)
         return hits
+
+    def prefetch(self, hits: list[Hit]) -> bool:
+        """Start fetching the hits held by a remote tier; True when admit() would not wait for any."""
+        below = [h for h in hits if isinstance(h, TierHit)]
+        return not below or self.tiers is None or self.tiers.prefetch(below)
 
     def admit(self, request: Request, hits: list[Hit], num_new_tokens: int) -> bool:
         """Take the request's prefix hits (from find_hits) and blocks for its first chunk.
@@ -174,6 +181,8 @@ class KVCacheManager:
             tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
             block_hash = request.block_hashes[j]
             committed = self.pool.commit(request.blocks[j], block_hash, tokens, ttl, now, parent_of(request, j))
+            if committed and self.tiers is not None and self.tiers.shared:
+                self.tiers.on_commit(request.blocks[j])
             # A block recomputed after a preemption was already counted the first time.
             if committed and j >= request.num_accounted_blocks:
                 request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs

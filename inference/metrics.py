@@ -132,6 +132,8 @@ _TIER_COUNTERS = (
     ("kvgate:kv_tier_bytes_read", "bytes_read", "Bytes copied out of a KV tier into the device."),
     ("kvgate:kv_tier_checksum_failures", "checksum_failures", "Stored blocks that failed verification (misses)."),
     ("kvgate:kv_tier_dropped_stores", "dropped_stores", "Blocks a KV tier could not store."),
+    ("kvgate:kv_tier_errors", "errors", "Calls to a remote KV tier that failed (treated as misses)."),
+    ("kvgate:kv_tier_skipped", "skipped", "Calls to a remote KV tier skipped while its circuit breaker was open."),
 )
 
 
@@ -162,7 +164,9 @@ def _tier_metrics(stats: EngineStats) -> Iterator[Metric]:
     yield from (used, total, used_bytes)
     if stats.offload_pending is not None:
         pending = GaugeMetricFamily(
-            "kvgate:kv_offload_pending", "Blocks queued for a KV tier (the disk's writer).", labels=["model_name"]
+            "kvgate:kv_offload_pending",
+            "Blocks queued for a KV tier (the disk's and Redis's writers).",
+            labels=["model_name"],
         )
         pending.add_metric([model], stats.offload_pending)
         yield pending

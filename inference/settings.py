@@ -84,6 +84,29 @@ class EngineSettings(BaseSettings):
         description="This engine's id in KV events and GET /kv/info; unique per engine. Default: host:port "
         "under `kvgate engine serve` (the machine's hostname when listening on all addresses), else hostname-pid.",
     )
+    # The shared tier in Redis (docs/architecture.md, "The Redis tier").
+    kv_redis_url: str | None = Field(
+        None,
+        description="Shared KV tier in Redis (redis://host:port/db), read and written by every engine of the same "
+        "model; unset: off. Redis down or slow means recompute, never an error.",
+    )
+    kv_redis_gib: float = Field(
+        8.0,
+        gt=0,
+        description="How much of the Redis tier this engine indexes (blocks it knows to be there, for refreshes and "
+        "metrics). Redis's own maxmemory and eviction policy bound the store itself.",
+    )
+    kv_redis_chunk_blocks: int = Field(
+        32, gt=0, description="Blocks per Redis round trip: lookups, loads and stores go in pipelines of this many."
+    )
+    kv_redis_timeout_ms: int = Field(
+        500, gt=0, description="Socket timeout of Redis calls; a call past it counts as Redis down (recompute)."
+    )
+    kv_redis_queue_mib: float = Field(
+        128.0,
+        gt=0,
+        description="Blocks queued for the Redis writer thread at most; beyond that stores are dropped, never waited.",
+    )
 
     def resolved_engine_id(self) -> str:
         """engine_id, or hostname-pid when unset."""

@@ -118,7 +118,7 @@ class ChatCompletionRequest(SamplingFields):
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int
-    # Tier name -> tokens read from it: "device", then each tier below ("host", "disk").
+    # Tier name -> tokens read from it: "device", then each tier below ("host", "disk", "redis").
     cached_tokens_by_tier: dict[str, int]
     # TTL in seconds (as a string key) -> tokens written: what billing prices per TTL.
     cache_write_tokens_by_ttl: dict[str, int]

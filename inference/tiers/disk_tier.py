@@ -128,7 +128,13 @@ class DiskTier:
 
     @classmethod
     def from_settings(
-        cls, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool
+        cls,
+        settings: EngineSettings,
+        layout: BlockLayout,
+        *,
+        clock: Clock,
+        pin_memory: bool,
+        model_fingerprint: str = "",
     ) -> DiskTier | None:
         """KVGATE_KV_DISK_DIR, KVGATE_KV_DISK_GIB (or _BLOCKS); None without a directory."""
         blocks = settings.kv_disk_blocks

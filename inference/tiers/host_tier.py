@@ -49,7 +49,13 @@ class HostTier:
 
     @classmethod
     def from_settings(
-        cls, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool
+        cls,
+        settings: EngineSettings,
+        layout: BlockLayout,
+        *,
+        clock: Clock,
+        pin_memory: bool,
+        model_fingerprint: str = "",
     ) -> HostTier | None:
         """KVGATE_KV_HOST_GIB (or _BLOCKS) of host memory; None when 0."""
         blocks = settings.kv_host_blocks

@@ -35,15 +35,17 @@ from inference.clock import Clock
 from inference.hashing import BlockHash
 from inference.kv_event_log import BlockEvents, Probe, tier_medium
 from inference.settings import EngineSettings
-from inference.tiers.base import Demote, KVTier, KVTierType
+from inference.tiers.base import Demote, KVTier, KVTierType, Prefetching
 from inference.tiers.disk_tier import DiskTier
 from inference.tiers.host_tier import HostTier
 from inference.tiers.layout import BlockLayout, device_block
 from inference.tiers.lru_index import TierEntry
+from inference.tiers.prefix_lookup import PrefixLookup
+from inference.tiers.redis_tier import RedisTier
 from inference.tiers.stats import TierStats
 
 # The tier classes, fastest first: the order blocks move down in and lookups go in.
-TIER_TYPES: tuple[KVTierType, ...] = (HostTier, DiskTier)
+TIER_TYPES: tuple[KVTierType, ...] = (HostTier, DiskTier, RedisTier)
 DEVICE = "device"
 # Every name a hit can be counted under, device first: the keys of cached_tokens_by_tier.
 TIER_NAMES: tuple[str, ...] = (DEVICE, *(t.name for t in TIER_TYPES))
@@ -64,14 +66,20 @@ class TierManager:
         self.clock = clock
         self.layout = BlockLayout.of_pool(cache)
         self.tiers = list(tiers)
+        self.shared = [t for t in self.tiers if t.shared]  # written through at commit (on_commit)
         self.closed = False
 
     @classmethod
-    def from_settings(cls, settings: EngineSettings, cache: torch.Tensor, clock: Clock) -> TierManager | None:
+    def from_settings(
+        cls, settings: EngineSettings, cache: torch.Tensor, clock: Clock, *, model_fingerprint: str = ""
+    ) -> TierManager | None:
         """The tiers the settings ask for, in TIER_TYPES order, or None when there are none."""
         layout = BlockLayout.of_pool(cache)
         pin = cache.device.type == "cuda"
-        built = (kind.from_settings(settings, layout, clock=clock, pin_memory=pin) for kind in TIER_TYPES)
+        built = (
+            kind.from_settings(settings, layout, clock=clock, pin_memory=pin, model_fingerprint=model_fingerprint)
+            for kind in TIER_TYPES
+        )
         tiers = [tier for tier in built if tier is not None]
         return cls(cache=cache, clock=clock, tiers=tiers) if tiers else None
 
@@ -109,6 +117,19 @@ class TierManager:
         """BlockPool's eviction hook: keep an unexpired committed block before its slot is reused."""
         self._store(0, _entry_of(block, block.expires_at), device_block(self.cache, block.block_id))
 
+    def on_commit(self, block: KVBlock) -> None:
+        """Write-through to the shared tiers: a block just computed is offered to other engines at once.
+
+        Write-back alone would share a block only once it is evicted here, and never if
+        this engine dies first. The store is queued (the shared tier copies the block and
+        sends it from its own thread).
+        """
+        now = self.clock.now()
+        entry = _entry_of(block, now + block.ttl_s)
+        for tier in self.shared:
+            if not tier.refresh(entry):
+                tier.store(entry, device_block(self.cache, block.block_id), now=now, demote=None)
+
     def _store(self, first: int, entry: TierEntry, source: torch.Tensor) -> None:
         """Keep a block in tiers[first:]: refresh it where it is already, else store it in the first with room."""
         now = self.clock.now()
@@ -133,6 +154,18 @@ class TierManager:
             if entry is not None:
                 return TierHit(tier, entry)
         return None
+
+    def lookup_prefix(self, keys: Sequence[tuple[BlockHash, Sequence[int]]], now: float) -> PrefixLookup:
+        """Lookups of a request's leading blocks (hash, token ids), answered as asked: remote tiers by the chunk."""
+        return PrefixLookup(self.tiers, keys, now)
+
+    def prefetch(self, hits: Sequence[TierHit]) -> bool:
+        """Start the hits' remote fetches; True when none is still on its way (local tiers are always ready)."""
+        ready = True
+        for tier, entries in self._by_tier(hits):
+            if isinstance(tier, Prefetching):
+                ready = tier.prefetch(entries) and ready
+        return ready
 
     def lock(self, hits: Sequence[TierHit]) -> bool:
         """Protect hits from eviction until load(); False, locking nothing, if one has gone meanwhile."""
@@ -190,7 +223,10 @@ class TierManager:
         least recently used first, so on a full disk the newest push out the oldest.
         A block in use has no expiry yet: it gets one from now, as if released.
         """
-        target = max((i for i, t in enumerate(self.tiers) if t.persistent), default=None)
+        # A local persistent tier (the disk) is the target; a shared one only when there is none
+        # (it has every block written through already: this refreshes their expiry).
+        persistent = [i for i, t in enumerate(self.tiers) if t.persistent]
+        target = max((i for i in persistent if not self.tiers[i].shared), default=max(persistent, default=None))
         if target is None or self.closed:
             return 0
         now = self.clock.now()

@@ -37,7 +37,8 @@ def test_whole_completion_of_text(tiny_server: RunningServer, client: openai.Ope
     assert details is not None
     assert details.cached_tokens is not None
     assert details.cache_write_tokens is not None
-    assert details.model_extra["cached_tokens_by_tier"] == {"device": details.cached_tokens, "host": 0, "disk": 0}
+    by_tier = details.model_extra["cached_tokens_by_tier"]
+    assert by_tier == {"device": details.cached_tokens, "host": 0, "disk": 0, "redis": 0}
 
 
 def test_streamed_completion_matches_whole(tiny_server: RunningServer, client: openai.OpenAI) -> None:
