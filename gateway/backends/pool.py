@@ -198,8 +198,11 @@ class EnginePool:
                 log.exception("engine_probe_failed")
             self._wake.clear()
             next_at = min(m.next_probe_at for m in self.members)
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow the cancel of shutdown()
+            # when the event is set at the same moment, and the prober would outlive the pool.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(next_at - loop.time(), 0.01))
+                async with asyncio.timeout(max(next_at - loop.time(), 0.01)):
+                    await self._wake.wait()
 
     async def _probe_due(self) -> None:
         now = asyncio.get_running_loop().time()

@@ -6,10 +6,13 @@ real `kvgate engine serve` process where a test kills it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,8 +20,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 
 from gateway.backends.served_model import ServedModel
+from inference.async_engine import AsyncEngine
+from inference.server import create_app
 from inference.settings import EngineSettings
 from tests.gateway.harness import free_port
 from tests.inference.server.conftest import RunningServer, serve, tiny_settings
@@ -41,6 +47,33 @@ def engine_b(tiny_llama_dir: Path) -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def served_model(tiny_llama_dir: Path) -> ServedModel:
     return ServedModel.load(EngineSettings(model=str(tiny_llama_dir)))
+
+
+@contextmanager
+def serve_on(model_dir: Path, port: int) -> Iterator[str]:
+    """An in-process engine server on a given port (to stop one and bring it back where the pool knows it)."""
+    engine = AsyncEngine(tiny_settings(model_dir, num_threads=1))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_config=None, lifespan="on"))
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(
+        target=lambda: loop.run_until_complete(server.serve(sockets=[sock])), name="engine-on-port", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the engine server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        loop.close()
+        sock.close()
 
 
 @contextmanager
