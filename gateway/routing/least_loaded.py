@@ -15,10 +15,10 @@ PREFILL_TOKENS_PER_REQUEST = 1024
 class LeastLoadedRouter:
     """Picks the healthy engine with the least load per unit of weight.
 
-    load = (active + 1 + queued_prefill_tokens / 1024) / weight: the +1 is the request being
-    routed, so that an engine of weight 2 takes twice the concurrent requests of one of weight 1.
-    Ties (an idle pool) go to the engine that has been chosen least per unit of weight, so that
-    sequential requests spread in proportion to the weights too. `weights` is read at each call
+    load = (active + queued_prefill_tokens / 1024) / weight, so an engine of weight 2 takes twice
+    the concurrent requests of one of weight 1. Ties (an idle pool) go to the engine that has been
+    chosen least per unit of weight, so that sequential requests spread in proportion to the
+    weights too. `weights` is read at each call
     (the pool keeps it current as engines become known); an engine missing there weighs 1.
     """
 
@@ -35,7 +35,7 @@ class LeastLoadedRouter:
 
         def score(engine: str) -> tuple[float, float, str]:
             load, weight = loads[engine], self.weights.get(engine, 1.0)
-            busy = load.active + 1 + load.queued_prefill_tokens / PREFILL_TOKENS_PER_REQUEST
+            busy = load.active + load.queued_prefill_tokens / PREFILL_TOKENS_PER_REQUEST
             return busy / weight, self._chosen.get(engine, 0) / weight, engine
 
         engine = min(candidates, key=score)
