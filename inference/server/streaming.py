@@ -61,7 +61,10 @@ async def events(
                 yield sse(chunk)
         output = await handle.result()
         if output.finish_reason in ("stop", "length"):
-            yield sse(fmt.finish(ctx, output))
+            finish = fmt.finish(ctx, output)
+            if continuous_usage:  # as vLLM: the finish chunk carries the usage too
+                finish = finish.model_copy(update={"usage": usage_info(output.usage)})
+            yield sse(finish)
             if include_usage:
                 yield sse(fmt.usage(ctx, output.usage))
         else:
