@@ -25,7 +25,7 @@ from gateway.api.route_templates import RouteTemplates
 from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
 from gateway.backends.base import EngineClient
-from gateway.backends.embedded import EmbeddedEngine
+from gateway.backends.factory import engine_client
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
@@ -96,7 +96,7 @@ async def recover_after_crash(
 def create_app(
     settings: GatewaySettings | None = None,
     *,
-    engine_factory: EngineFactory = EmbeddedEngine.from_settings,
+    engine_factory: EngineFactory | None = None,
     billing: BillingHooks | None = None,
     billing_factory: BillingFactory | None = None,
     admin_routers: Sequence[APIRouter] = (),
@@ -115,8 +115,10 @@ def create_app(
     left in request.state.principal (gateway.api.deps.require_scope).
     The database must already be migrated (`kvgate serve` does it first).
     prewarm_workers starts the request worker processes at start-up rather than on the first large body.
+    Without `engine_factory` the engine is KVGATE_ENGINES' (gateway.backends.factory.engine_client).
     """
     settings = settings or GatewaySettings()
+    make_engine = engine_factory or (lambda: engine_client(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,7 +133,7 @@ def create_app(
             )
         if new_token:
             announce_admin_token(new_token, settings)
-        engine = engine_factory()
+        engine = make_engine()
         await engine.start()
         hooks = billing or _build_billing(billing_factory, sessions, settings)
         own_recorder = DatabaseUsageRecorder(settings.database_url) if recorder is None else None

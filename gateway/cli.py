@@ -53,7 +53,7 @@ def register(app: typer.Typer, *, app_factory: AppFactory, banners: Sequence[Ban
             typer.Option("--wait-for-db", metavar="SECONDS", min=0, help="retry an unreachable database this long"),
         ] = 0.0,
     ) -> None:
-        """Run the gateway with the embedded engine."""
+        """Run the gateway: with the embedded engine, or in front of the engines KVGATE_ENGINES lists."""
         from gateway.serve import run_serve
         from gateway.settings import GatewaySettings
 

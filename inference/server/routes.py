@@ -35,7 +35,7 @@ async def _generate(request: Request, state: ServerState, inputs: EngineInputs, 
     handle = state.engine.submit(inputs.prompt_token_ids, inputs.params, inputs.cache, request_id=ctx.id)
     state.watch(handle)
     if inputs.stream:
-        return EventStreamResponse(events(handle, fmt, ctx, inputs.include_usage))
+        return EventStreamResponse(events(handle, fmt, ctx, inputs.include_usage, inputs.continuous_usage))
     output = await result_unless_disconnected(handle, request)
     if output is None:
         return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
