@@ -24,6 +24,7 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.route_templates import RouteTemplates
 from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
+from gateway.auth_invalidation import AuthInvalidation
 from gateway.backends.base import EngineClient
 from gateway.backends.factory import engine_client
 from gateway.billing_hooks import BillingHooks, NoBilling
@@ -164,6 +165,8 @@ def create_app(
         )
         if prewarm_workers:
             workers.prewarm()
+        auth_cache = PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s)
+        invalidation = AuthInvalidation(auth_cache, settings.redis_url)
         gw = Gateway(
             settings=settings,
             engine=engine,
@@ -174,11 +177,12 @@ def create_app(
             billing=hooks,
             secret=secret,
             admin=admin,
-            auth_cache=PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s),
+            auth_cache=auth_cache,
             metrics=_metrics(app, engine, hooks),
             db_health=health_of(db),
             prep=prep,
             workers=workers,
+            auth_invalidation=invalidation,
         )
         journal_dir = settings.inflight_journal_dir or default_journal_dir(settings.database_url)
         await recover_after_crash(
@@ -192,6 +196,7 @@ def create_app(
                     f"cannot open the in-flight journal in {journal_dir}: {exc} "
                     "(set KVGATE_INFLIGHT_JOURNAL_DIR, or KVGATE_INFLIGHT_JOURNAL=false to run without it)"
                 ) from exc
+        invalidation.start()  # subscribes in the background; until then every key is checked in the database
         app.state.gateway = gw
         # Connections pooled before an outage may have died with it: start afresh when it ends.
         gw.db_health.add_recovery_hook(lambda: db.sync_engine.dispose(close=False))
@@ -214,6 +219,7 @@ def create_app(
                 closers.append(("billing", close))
             if own_recorder is not None:
                 closers.append(("usage_recorder", own_recorder.aclose))
+            closers.append(("auth_invalidation", invalidation.aclose))
             if isinstance(rate_limiter, RedisRateLimiter):
                 closers.append(("rate_limiter", rate_limiter.close))
             closers.append(("database", db.dispose))

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference.bundled_models import SMOLLM2
@@ -49,6 +49,11 @@ class EngineSettings(BaseSettings):
     max_num_seqs: int = Field(64, gt=0, description="Most requests running at once.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Prefill token budget per engine step.")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue capacity; beyond it requests are refused.")
+    drain_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for the engine server's POST /drain (`kvgate engine drain`); unset: only "
+        "loopback clients may drain it.",
+    )
 
     # KV tiers below the device pool (see docs/architecture.md, "KV tiers").
     kv_host_gib: float = Field(0.0, ge=0, description="Host-memory KV tier size; 0 turns it off. Pinned on CUDA.")
