@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(VENV)/bin/python bench/write_out.py
 	$(VENV)/bin/python bench/neighbour.py --write-docs
 	$(VENV)/bin/python bench/gateway.py --write-docs
+	$(VENV)/bin/python bench/route_sim.py --write-docs
 
 clean:
 	rm -rf $(VENV) build *.egg-info
