@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from inference.types import SamplingParams
 from tests.inference.helpers import checked, random_prompt
 
 KERNEL = DecodeKernel.load(EngineSettings().cache_dir)
-AVX512_BF16 = "avx512_bf16" in open("/proc/cpuinfo").read()
+AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the decode kernel needs avx512_bf16")
 
 
