@@ -27,9 +27,10 @@ from inference.cpu_linear import PackedLinear
 from inference.native import load_library
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-# How long a kernel thread spins after a call before it sleeps (decode calls come every
-# ~50-200 us within a step; between steps it sleeps). Measured in bench/decode_ab.py.
-DEFAULT_SPIN_US = 200
+# How long a kernel thread spins after a call, within a forward pass, before it sleeps
+# (the next call comes within ~100 us); between passes it sleeps at once. Measured in
+# bench/decode_ab.py (KVGATE_DECODE_SPIN_US overrides it there).
+DEFAULT_SPIN_US = 100
 
 
 class DecodeKernel:
@@ -46,8 +47,7 @@ class DecodeKernel:
         lib.kvgate_decode_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT, _INT]
         lib.kvgate_decode_linear.restype = None
         self.lib = lib
-        spin_us = int(os.environ.get("KVGATE_DECODE_SPIN_US", DEFAULT_SPIN_US))
-        lib.kvgate_decode_linear_set_spin(spin_us * 1000)
+        self.spin_ns = 1000 * int(os.environ.get("KVGATE_DECODE_SPIN_US", DEFAULT_SPIN_US))
 
     @classmethod
     def load(cls, cache_dir: Path) -> DecodeKernel | None:
@@ -56,6 +56,14 @@ class DecodeKernel:
         if lib is None or not lib.kvgate_decode_linear_available():
             return None
         return cls(lib)
+
+    def begin_pass(self) -> None:
+        """The kernel's threads may spin between calls from now on (a forward pass is running)."""
+        self.lib.kvgate_decode_linear_set_spin(self.spin_ns)
+
+    def end_pass(self) -> None:
+        """The pass is over: the kernel's threads sleep until the next call."""
+        self.lib.kvgate_decode_linear_set_spin(0)
 
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """[N, K] bf16 -> the kernel's layout (an opaque int32 tensor)."""

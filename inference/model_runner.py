@@ -76,6 +76,15 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Compute the chunks' KV into the pool; return float32 logits for the chunks that sample."""
+        if self.decode_kernel is None:
+            return self._execute(chunks)
+        self.decode_kernel.begin_pass()
+        try:
+            return self._execute(chunks)
+        finally:
+            self.decode_kernel.end_pass()
+
+    def _execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         dev = self.device
         plan = _plan_rows(chunks, split_decode=self.decode_rows is not None)
         ids, positions, num_rows = plan.ids, plan.positions, len(plan.ids)

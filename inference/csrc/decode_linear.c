@@ -14,9 +14,10 @@
  * Threads: a call splits its output groups into chunks that the calling thread and the
  * pool's workers claim one at a time. The caller never waits for a worker to start (a
  * worker asleep or descheduled by a busy neighbour just claims nothing, and the caller
- * does its share); it waits only for chunks a worker already claimed. A worker spins a
- * short while after each call (decode calls come every ~100 us within a step), then
- * sleeps on a futex, so an idle engine leaves its cores alone.
+ * does its share); it waits only for chunks a worker already claimed. Within a forward
+ * pass a worker spins a short while after each call (the next one comes within ~100 us);
+ * the caller sets the spin to 0 between passes, and the worker sleeps on a futex, so an
+ * idle engine leaves its cores alone.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -144,7 +145,7 @@ static struct {
     _Atomic uint32_t wake; /* futex word: bumped at every call */
     _Atomic int sleepers;
     _Atomic int64_t spin_ns;
-} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .spin_ns = 200000};
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .spin_ns = 0};
 
 static int64_t now_ns(void) {
     struct timespec ts;
@@ -171,11 +172,13 @@ static void *worker_main(void *arg) {
     (void)arg;
     uint32_t seen = atomic_load(&pool.wake);
     for (;;) {
-        const int64_t until = now_ns() + atomic_load(&pool.spin_ns);
+        const int64_t since = now_ns();
         int spins = 0;
         while (atomic_load(&pool.wake) == seen) {
             _mm_pause();
-            if (++spins % 256 == 0 && now_ns() > until) {
+            /* spin_ns is re-read: the caller sets it to 0 at the end of a pass, and the worker
+               then sleeps at once rather than spinning out its time between passes. */
+            if (++spins % 64 == 0 && now_ns() - since >= atomic_load(&pool.spin_ns)) {
                 atomic_fetch_add(&pool.sleepers, 1);
                 if (atomic_load(&pool.wake) == seen)
                     syscall(SYS_futex, &pool.wake, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
@@ -189,7 +192,7 @@ static void *worker_main(void *arg) {
     return NULL;
 }
 
-/* How long (ns) a worker keeps spinning after a call before it sleeps. */
+/* How long (ns) a worker keeps spinning after a call before it sleeps; 0: it sleeps at once. */
 void kvgate_decode_linear_set_spin(int64_t ns) { atomic_store(&pool.spin_ns, ns < 0 ? 0 : ns); }
 
 /*
