@@ -14,6 +14,7 @@ from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
 from inference.cpu_threads import default_num_threads
+from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
 from inference.fused_ops import FusedOps
 from inference.hashing import BlockHasher
@@ -127,7 +128,10 @@ class Engine:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused)
+        decode = None
+        if fused is not None and settings.decode_linear == "auto":
+            decode = DecodeKernel.load(settings.cache_dir)
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused, decode_kernel=decode)
         self.vocab_size = int(cfg.vocab_size)
         self.structured = StructuredOutputs(
             self.loaded.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.loaded.eos_token_ids
@@ -456,6 +460,7 @@ class Engine:
             slots=self.kv.slot_ids(request, start, end),
             block_ids=[b.block_id for b in request.blocks[: self.kv.blocks_needed(end)]],
             sample=end == request.num_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
         )
 
     def _append_token(self, tracked: _Tracked, token: int) -> StepOutput:

@@ -39,6 +39,11 @@ class EngineSettings(BaseSettings):
     attention_backend: Literal["auto", "cpu_kernel", "torch"] = Field(
         "auto", description="auto: our batch-invariant C kernel on CPU when it builds, else torch SDPA."
     )
+    decode_linear: Literal["auto", "onednn"] = Field(
+        "auto",
+        description="auto: the linears of generated tokens' rows run in kvgate's avx512_bf16 kernel on CPUs that "
+        "have it (prompt rows always run in oneDNN); onednn: every row in oneDNN.",
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
     kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")
     block_size: int = Field(16, gt=0, description="Tokens per KV block, the unit of caching.")
