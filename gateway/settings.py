@@ -124,6 +124,12 @@ class GatewaySettings(KvgateSettings):
     route_popular_half_life_s: float = Field(
         30.0, gt=0, description="Router: how fast the popular-prefix count forgets a request."
     )
+    route_index_max_entries: int = Field(
+        1_000_000,
+        gt=0,
+        description="Router: the block index's size bound, in (block, engine) entries (about 115-400 bytes each); past "
+        "it the blocks stored longest ago are forgotten.",
+    )
     route_pending_s: float = Field(
         10.0,
         ge=0,

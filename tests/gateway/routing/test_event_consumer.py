@@ -336,6 +336,7 @@ async def test_the_router_built_from_settings_follows_the_events(publisher, snap
         event_engines={},
     )
     assert plain.consumer is None
+    assert plain.router.index.max_entries == GatewaySettings.model_fields["route_index_max_entries"].default
     plain.router.choose(HASHES, {"x": EngineLoad(0, 0), "y": EngineLoad(0, 0)}, ttl_s=300, now=1_000_000.0)
     assert len(plain.router.index) == 10
 
