@@ -113,11 +113,23 @@ class GatewaySettings(KvgateSettings):
     route_popular_requests: float = Field(
         8.0,
         gt=0,
-        description="Router: a prefix where this many recent requests' matches ended (a shared system prompt) no "
-        "longer attracts requests; they go by load and the prefix spreads.",
+        description="Router: a prefix where this many recent requests' matches ended (a shared system prompt) counts "
+        "as popular: see KVGATE_ROUTE_POPULAR_SPREAD_LOAD.",
+    )
+    route_popular_spread_load: float = Field(
+        4.0,
+        ge=0,
+        description="Router: a popular prefix attracts requests only while its holders are at most this many requests "
+        "in flight busier than another engine; beyond, it spreads to that engine (0: popular prefixes go by load).",
     )
     route_popular_half_life_s: float = Field(
         30.0, gt=0, description="Router: how fast the popular-prefix count forgets a request."
+    )
+    route_index_max_entries: int = Field(
+        1_000_000,
+        gt=0,
+        description="Router: the block index's size bound, in (block, engine) entries (about 115-400 bytes each); past "
+        "it the blocks stored longest ago are forgotten.",
     )
     route_pending_s: float = Field(
         10.0,

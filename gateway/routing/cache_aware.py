@@ -17,11 +17,14 @@ Three rules keep prefix affinity from piling everything on one engine:
   kvgate's CPU engines batch fewer requests, so 16, and 1.5 so that two busy engines a few
   requests apart do not count as imbalanced);
 - minimum match: an engine's match shorter than `min_match_blocks` counts as none;
-- popular prefixes: a block where many recent requests' best match ended (a shared system prompt
-  that sessions then diverge from: `popular_requests` requests within about `popular_half_life_s`)
-  counts as none too, so those requests go by load and the prefix spreads to every engine they
-  land on; among equal costs an engine that holds it still wins. A session's later turns match
-  past it, to their own blocks, and stick.
+- popular prefixes: a match ending at a block where many recent requests' best matches ended (a
+  shared system prompt that sessions then diverge from: `popular_requests` requests within about
+  `popular_half_life_s`) is credited at most `popular_spread_load` requests' worth of load
+  (w_load each): its holders share those requests by load, and once every holder is that much
+  busier than some other engine, the other engine gets them and the prefix spreads, one replica
+  at a time rather than to every engine (0: popular prefixes go by load alone). Among equal costs
+  a holder wins. A session's later turns match past the shared part, to their own blocks, and
+  stick.
 
 Ties go by a stable hash of the request's first block and the engine: a prefix's requests agree,
 different prefixes spread. Without events for an engine (no NATS, a vLLM engine), the router
@@ -69,6 +72,7 @@ class RouteWeights:
     imbalance_rel: float = 1.5  # ... and busiest above this × least busy: send to the least busy
     popular_requests: float = 8.0  # requests whose best match ended at one block within ~half-life
     popular_half_life_s: float = 30.0
+    popular_spread_load: float = 4.0  # a popular prefix's credit, in requests in flight
     pending_s: float = 10.0  # event-fed engines: a routed prefix is assumed there until its events arrive
 
     @classmethod
@@ -83,6 +87,7 @@ class RouteWeights:
             imbalance_rel=settings.route_imbalance_rel,
             popular_requests=settings.route_popular_requests,
             popular_half_life_s=settings.route_popular_half_life_s,
+            popular_spread_load=settings.route_popular_spread_load,
             pending_s=settings.route_pending_s,
         )
 
@@ -160,7 +165,7 @@ class CacheAwareRouter:
         healthy = [engine_id for engine_id, load in loads.items() if load.healthy]
         matches = self.index.match(block_hashes, healthy, now=now, shared_readers=self.shared_readers)
         popular = self._popular(block_hashes, matches, now, count=False)
-        return {e: self._cost(len(block_hashes), self._counted(matches[e], popular), e, loads[e]) for e in healthy}
+        return {e: self._cost(len(block_hashes), matches[e], popular, e, loads[e]) for e in healthy}
 
     # -- the decision -------------------------------------------------------------------------------
 
@@ -187,34 +192,37 @@ class CacheAwareRouter:
         engine_id = min(
             healthy,
             key=lambda e: (
-                self._cost(B, self._counted(matches[e], popular), e, loads[e]),
+                self._cost(B, matches[e], popular, e, loads[e]),
                 -matches[e].total,
                 _tie(key, e),
             ),
         )
         chosen = matches[engine_id]
-        if self._counted(chosen, popular).total > 0:
-            reason = "prefix"
-        elif popular and chosen.total > 0:
+        if self._credit(chosen, popular) == 0:
+            reason = "least_loaded"
+        elif popular:
             reason = "popular"
         else:
-            reason = "least_loaded"
+            reason = "prefix"
         return RouteDecision(engine_id, chosen.total, reason)
 
     def _weight(self, engine_id: str) -> float:
         weight = self.engine_weights.get(engine_id, 1.0)
         return weight if weight > 0 else 1.0
 
-    def _cost(self, blocks: int, match: PrefixMatch, engine_id: str, load: EngineLoad) -> float:
+    def _cost(self, blocks: int, match: PrefixMatch, popular: bool, engine_id: str, load: EngineLoad) -> float:
         w = self.weights
         busy = (w.w_load * load.active + w.w_queue * load.queued_prefill_tokens) / self._weight(engine_id)
-        return blocks - match.device - w.alpha * match.lower - w.beta * match.shared + busy
+        return blocks - self._credit(match, popular) + busy
 
-    def _counted(self, match: PrefixMatch, popular: bool) -> PrefixMatch:
-        """The part of a match the cost credits: none when too short or when it is a popular prefix."""
-        if popular or match.total < self.weights.min_match_blocks:
-            return PrefixMatch(0, 0, 0)
-        return match
+    def _credit(self, match: PrefixMatch, popular: bool) -> float:
+        """What a match takes off the cost: g + α·h + β·r; none when shorter than the minimum, and at most
+        popular_spread_load requests' worth when the prefix is popular."""
+        w = self.weights
+        if match.total < w.min_match_blocks:
+            return 0.0
+        credit = match.device + w.alpha * match.lower + w.beta * match.shared
+        return min(credit, w.w_load * w.popular_spread_load) if popular else credit
 
     def _imbalanced(self, loads: dict[str, EngineLoad]) -> bool:
         busiest = max(load.active / self._weight(e) for e, load in loads.items())

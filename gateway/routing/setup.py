@@ -35,7 +35,7 @@ def build_routing(
     engines that publish KV events to their base URLs, and may be filled in later (then call
     `consumer.resync(engine_id)`). Start the consumer with `await consumer.start()`, stop it with
     `await consumer.close()`."""
-    index = BlockIndex()
+    index = BlockIndex(max_entries=settings.route_index_max_entries)
     metrics = RoutingMetrics(registry, index_size=index.__len__)
     consumer = None
     if settings.nats_url:

@@ -84,24 +84,29 @@ def test_a_match_shorter_than_the_minimum_counts_as_none():
 
 def test_a_popular_prefix_spreads_by_load_and_sessions_still_stick():
     system = blocks(8)  # one tenant's system prompt, held by engine a only
-    router = evented(holding("a", system), popular_requests=3, w_load=1.0, pending_s=0)
+    router = evented(holding("a", system), popular_requests=3, popular_spread_load=2, w_load=1.0, pending_s=0)
     loads = {"a": EngineLoad(4, 0), "b": IDLE, "c": IDLE}
     sessions = [system + blocks(4, start=1000 + 100 * i) for i in range(6)]
     chosen = [router.choose(s, loads, ttl_s=300, now=NOW) for s in sessions]
     # The first three go to the holder (a 4-request load costs less than 8 blocks of prefill) ...
     assert [d.engine for d in chosen[:3]] == ["a"] * 3
     assert {d.reason for d in chosen[:3]} == {"prefix"}
-    # ... then the prefix counts as popular: by load, to engines that will hold it too.
+    # ... then the prefix counts as popular, worth 2 requests of load only: a is busier than that.
     assert {d.engine for d in chosen[3:]} <= {"b", "c"}
     assert {d.reason for d in chosen[3:]} == {"least_loaded"}
+    # Within that margin the holder keeps it.
+    slightly_busy = {"a": EngineLoad(1, 0), "b": IDLE, "c": IDLE}
+    assert router.choose(system + blocks(4, start=7000), slightly_busy, ttl_s=300, now=NOW) == ("a", 8, "popular")
     # A session's next turn matches past the system prompt, to its own blocks, and sticks.
     turn2 = sessions[0] + blocks(2, start=5000)
     holding("a", sessions[0], index=router.index)
     assert router.choose(turn2, loads, ttl_s=300, now=NOW + 10) == ("a", 12, "prefix")
-    # With equal loads, a holder of the popular prefix wins the tie.
+    # With popular_spread_load 0 a popular prefix goes by load alone; a holder still wins a tie.
+    by_load = evented(holding("a", system), popular_requests=1, popular_spread_load=0, pending_s=0)
+    by_load.choose(system + blocks(4, start=8000), slightly_busy, ttl_s=300, now=NOW)
+    assert by_load.choose(system + blocks(4, start=8100), slightly_busy, ttl_s=300, now=NOW).engine != "a"
     equal = {"a": IDLE, "b": IDLE, "c": IDLE}
-    decision = router.choose(system + blocks(4, start=9000), equal, ttl_s=300, now=NOW + 11)
-    assert decision == ("a", 8, "popular")
+    assert by_load.choose(system + blocks(4, start=9000), equal, ttl_s=300, now=NOW) == ("a", 8, "least_loaded")
 
 
 def test_fallback_insertion_makes_the_second_turn_stick():

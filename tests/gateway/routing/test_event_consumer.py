@@ -336,6 +336,7 @@ async def test_the_router_built_from_settings_follows_the_events(publisher, snap
         event_engines={},
     )
     assert plain.consumer is None
+    assert plain.router.index.max_entries == GatewaySettings.model_fields["route_index_max_entries"].default
     plain.router.choose(HASHES, {"x": EngineLoad(0, 0), "y": EngineLoad(0, 0)}, ttl_s=300, now=1_000_000.0)
     assert len(plain.router.index) == 10
 
@@ -347,3 +348,25 @@ def test_snapshot_json_reads_the_engines_shape_and_unending_blocks():
     assert decode_snapshot(data) == engine_side
     with pytest.raises(msgspec.DecodeError):
         decode_snapshot(b'{"engine_id": "e", "seq": "three", "blocks": []}')
+
+
+async def test_a_lost_connection_is_replaced_and_every_engine_resynced(publisher, snapshot_server):
+    index = BlockIndex()
+    engines = {"e5": f"{snapshot_server.url()}/e5"}
+    snapshot_server.snapshots["e5"] = snapshot("e5", 0, [])
+    consumer = KVEventConsumer(index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05)
+    await consumer.start()
+    try:
+        await until(lambda: consumer.subscribed and consumer.last_seq("e5") == 0, "the start-up resync")
+        requests = snapshot_server.requests
+        # The connection goes away (as when the NATS server restarts): events published meanwhile are
+        # not delivered to a new-messages-only subscription, so the consumer resyncs once back.
+        snapshot_server.snapshots["e5"] = snapshot("e5", 2, HASHES[:3])
+        await consumer._nc.close()
+        await until(lambda: consumer.subscribed and snapshot_server.requests > requests, "the new subscription")
+        await until(lambda: consumer.last_seq("e5") == 2, "the resync")
+        assert matched(index, "e5") == PrefixMatch(3, 0, 0) and consumer.covers("e5")
+        await publisher.batch("e5", 3, stored(HASHES[3:4]))
+        await until(lambda: matched(index, "e5") == PrefixMatch(4, 0, 0), "a batch on the new subscription")
+    finally:
+        await consumer.close()
