@@ -92,10 +92,20 @@ class AuthInvalidation:
     With `redis_url` None, evict() only evicts here and start()/aclose() do nothing.
     """
 
-    def __init__(self, cache: PrincipalCache, redis_url: str | None, *, channel: str = CHANNEL) -> None:
+    def __init__(
+        self,
+        cache: PrincipalCache,
+        redis_url: str | None,
+        *,
+        channel: str = CHANNEL,
+        ping_every_s: float = PING_EVERY_S,
+        silence_limit_s: float = SILENCE_LIMIT_S,
+    ) -> None:
         self.cache = cache
         self._url = redis_url
         self._channel = channel
+        self._ping_every_s = ping_every_s
+        self._silence_limit_s = silence_limit_s
         self._publisher: Any = None
         self._task: asyncio.Task[None] | None = None
         self.subscribed = asyncio.Event()
@@ -157,15 +167,15 @@ class AuthInvalidation:
             last_heard = time.monotonic()
             last_ping = last_heard
             while True:
-                message = await pubsub.get_message(timeout=1.0)
+                message = await pubsub.get_message(timeout=min(1.0, self._ping_every_s))
                 now = time.monotonic()
                 if message is not None:
                     last_heard = now
                     self._on_message(message)
-                elif now - last_heard > SILENCE_LIMIT_S:
-                    raise ConnectionError(f"no answer from Redis for {SILENCE_LIMIT_S:.0f} s")
-                if now - last_ping >= PING_EVERY_S:
-                    await pubsub.ping()
+                elif now - last_heard > self._silence_limit_s:
+                    raise ConnectionError(f"no answer from Redis for {self._silence_limit_s:g} s")
+                if now - last_ping >= self._ping_every_s:
+                    await pubsub.ping()  # its pong is a message: what keeps a live connection heard
                     last_ping = now
         finally:
             await pubsub.aclose()

@@ -78,6 +78,13 @@ def test_compose_file_is_valid_yaml_with_gateways_engines_and_services() -> None
     ids = {e["environment"]["KVGATE_ENGINE_ID"] for e in engines}
     assert len(ids) == len(engines)  # one id per engine in the event stream
     assert all(e["restart"] == "on-failure" for e in engines)  # a drained engine (exit 0) stays down
+    # What the services refer to exists: other services, declared volumes.
+    declared = set(compose()["volumes"])
+    for name, service in services.items():
+        assert set(service.get("depends_on", {})) <= set(services) - {name}, name
+        for mount in service.get("volumes", []):
+            source = mount.split(":", 1)[0]
+            assert source.startswith(("/", ".")) or source in declared, (name, mount)
 
 
 def parse_kvgate(args: list[str]) -> None:

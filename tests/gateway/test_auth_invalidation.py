@@ -133,6 +133,32 @@ async def test_no_fresh_entries_until_subscribed_nor_while_disconnected(channel:
         await proxy.stop()
 
 
+async def test_a_connection_that_goes_silent_is_noticed_and_replaced(channel: str) -> None:
+    """A blackholed connection (no reset, nothing arrives): the pings go unanswered, the subscriber gives up on it."""
+    proxy = CuttableProxy("127.0.0.1", 6379)
+    await proxy.start()
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    stalled = AuthInvalidation(PrincipalCache(3600), url, channel=channel, ping_every_s=0.2, silence_limit_s=2.0)
+    other = AuthInvalidation(PrincipalCache(3600), REDIS_URL, channel=channel)
+    try:
+        stalled.start()
+        other.start()
+        await asyncio.wait_for(asyncio.gather(stalled.subscribed.wait(), other.subscribed.wait()), WAIT_S)
+        await asyncio.sleep(3.0)  # longer than the silence limit: the pongs keep a live connection heard
+        assert stalled.subscribed.is_set() and not stalled.cache.fresh_suspended
+        proxy.stall()
+        await until(lambda: stalled.cache.fresh_suspended, "the subscriber to notice the silence")
+        proxy.restore()
+        await until(lambda: stalled.subscribed.is_set(), "the subscriber to reconnect")
+        stalled.cache.put("h", principal("key_1"))
+        await other.evict(Eviction(key_id="key_1"))
+        await until(lambda: stalled.cache.get("h") is None, "an eviction on the new connection")
+    finally:
+        await stalled.aclose()
+        await other.aclose()
+        await proxy.stop()
+
+
 def test_a_lookup_that_read_before_an_eviction_does_not_store_its_answer() -> None:
     cache = PrincipalCache(3600)
     before = cache.generation

@@ -15,6 +15,7 @@ Each test makes its own tenant and keys.
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ from kvgate.db import sync_url
 from tests.gateway.harness import pg_reachable, postgres_database
 from tests.gateway.serve_process import Serve
 
+KVGATE = Path(sys.executable).with_name("kvgate")
 REDIS_URL = "redis://127.0.0.1:6379/0"
 AUTH_CACHE_TTL_S = "3600"  # without invalidation, a revoked key would keep working for an hour
 PROPAGATION_LIMIT_S = 0.100
@@ -206,15 +208,16 @@ class Polled(NamedTuple):
     accepted_sent: list[float]  # when each request accepted before it was sent
 
 
-def poll_until_refused(client: httpx.Client, key: str, since: float) -> Polled:
-    """GET /v1/models with `key`, one request at a time, until a 401."""
+def poll_until_refused(client: httpx.Client, key: str, since: float, *, status: int = 401) -> Polled:
+    """GET /v1/models with `key`, one request at a time, until a 401 (a revoked key) or `status`."""
     accepted: list[float] = []
     deadline = time.monotonic() + 60
     while True:
         sent = time.monotonic()
         response = client.get("/v1/models", headers=headers(key))
-        if response.status_code == 401:
-            assert response.json()["error"]["type"] == "authentication_error"
+        if response.status_code == status:
+            kind = {401: "authentication_error", 403: "permission_error"}[status]
+            assert response.json()["error"]["type"] == kind
             return Polled(sent - since, time.monotonic() - since, [t - since for t in accepted])
         assert response.status_code == 200, response.text
         accepted.append(sent)
@@ -226,7 +229,7 @@ def test_a_revoked_key_stops_on_every_replica_within_100_ms(cluster: Cluster) ->
     clients = {s.base_url: httpx.Client(base_url=s.base_url, timeout=60) for s in (cluster.one, cluster.two)}
     try:
         for server in (cluster.one, cluster.two, cluster.alone):  # every replica's auth cache holds the key
-            assert server.admin.get("/v1/models", headers=headers(key)).status_code == 200
+            assert status_with(server, key) == 200
         for client in clients.values():  # and the polling connections are open
             assert client.get("/v1/models", headers=headers(key)).status_code == 200
 
@@ -250,18 +253,56 @@ def test_a_revoked_key_stops_on_every_replica_within_100_ms(cluster: Cluster) ->
     )
 
     # The control: a replica that shares only the database trusts its cache for the hour.
-    assert cluster.alone.admin.get("/v1/models", headers=headers(key)).status_code == 200
+    assert status_with(cluster.alone, key) == 200
+
+
+def status_with(server: Serve, key: str) -> int:
+    """The status of an authenticated request that costs no generation: GET /v1/models with the key."""
+    return httpx.get(f"{server.base_url}/v1/models", headers=headers(key), timeout=60).status_code
+
+
+def kvgate_cli(cluster: Cluster, *args: str) -> str:
+    env = {**os.environ, "KVGATE_DATABASE_URL": cluster.database_url, "KVGATE_REDIS_URL": REDIS_URL}
+    done = subprocess.run([str(KVGATE), *args], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "could not reach Redis" not in done.stderr
+    return done.stdout
+
+
+def test_the_cli_revokes_and_suspends_on_every_running_replica(cluster: Cluster) -> None:
+    tenant_id, key_id, key = new_key(cluster.one)
+    other_key = cluster.one.admin.post(f"/admin/v1/tenants/{tenant_id}/keys", json={"name": "k2"}).json()["key"]
+    for server in (cluster.one, cluster.two):
+        for presented in (key, other_key):
+            assert status_with(server, presented) == 200
+
+    kvgate_cli(cluster, "keys", "revoke", key_id)  # straight to the database, then published
+    revoked_at = time.monotonic()
+    for server in (cluster.one, cluster.two):
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            polled = poll_until_refused(client, key, revoked_at)
+        assert all(t < PROPAGATION_LIMIT_S for t in polled.accepted_sent), polled
+        assert status_with(server, other_key) == 200  # only that key
+
+    kvgate_cli(cluster, "tenants", "suspend", tenant_id)
+    suspended_at = time.monotonic()
+    for server in (cluster.one, cluster.two):
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            polled = poll_until_refused(client, other_key, suspended_at, status=403)
+        assert all(t < PROPAGATION_LIMIT_S for t in polled.accepted_sent), polled
 
 
 def test_a_suspended_tenant_stops_on_every_replica(cluster: Cluster) -> None:
     tenant_id, _, key = new_key(cluster.two)
     for server in (cluster.one, cluster.two):
-        assert server.admin.get("/v1/models", headers=headers(key)).status_code == 200
+        assert status_with(server, key) == 200
     assert cluster.two.admin.post(f"/admin/v1/tenants/{tenant_id}/suspend").status_code == 200
-    refused = cluster.one.admin.get("/v1/models", headers=headers(key))
-    assert refused.status_code == 403 and refused.json()["error"]["type"] == "permission_error"
+    suspended_at = time.monotonic()
+    with httpx.Client(base_url=cluster.one.base_url, timeout=60) as client:
+        polled = poll_until_refused(client, key, suspended_at, status=403)
+    assert all(t < PROPAGATION_LIMIT_S for t in polled.accepted_sent), polled
     assert cluster.two.admin.post(f"/admin/v1/tenants/{tenant_id}/activate").status_code == 200
-    assert cluster.one.admin.get("/v1/models", headers=headers(key)).status_code == 200
+    assert status_with(cluster.one, key) == 200
 
 
 def test_a_rate_limit_is_one_bucket_across_replicas(cluster: Cluster) -> None:
