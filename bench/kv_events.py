@@ -6,7 +6,10 @@
    the same engine with KV events on (published to the real NATS at KVGATE_BENCH_NATS_URL,
    default nats://127.0.0.1:4222) and off, runs interleaved to share the noise.
 
-    PYTHONPATH=. python -m bench.kv_events [--quick]
+    PYTHONPATH=. python -m bench.kv_events [--quick] [--reps N]
+
+The model is KVGATE_MODEL's (SmolLM2 by default); a tiny test model (tests/model_fixtures.py)
+makes steps so short that the events' share is at its largest: an upper bound.
 """
 
 from __future__ import annotations
@@ -114,10 +117,12 @@ async def _purge(subject: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved runs of each (default 4, quick 2)")
     args = parser.parse_args()
     calls = per_call(50_000 if args.quick else 200_000)
     print("per call (us):", {k: round(v, 2) for k, v in calls.items()})
-    result = zero_hit(n=8 if args.quick else 16, length=256, reps=2 if args.quick else 4)
+    reps = args.reps or (2 if args.quick else 4)
+    result = zero_hit(n=8 if args.quick else 16, length=256, reps=reps)
     print(
         f"0% hits, events on vs off: on {result['on']:.0f} tok/s, off {result['off']:.0f} tok/s, "
         f"on/off {result['ratio']:.3f} ({result['batches']} batches, {result['published']} published, "
