@@ -6,7 +6,10 @@
    the same engine with KV events on (published to the real NATS at KVGATE_BENCH_NATS_URL,
    default nats://127.0.0.1:4222) and off, runs interleaved to share the noise.
 
-    PYTHONPATH=. python -m bench.kv_events [--quick]
+    PYTHONPATH=. python -m bench.kv_events [--quick] [--reps N]
+
+The model is KVGATE_MODEL's (SmolLM2 by default); a tiny test model (tests/model_fixtures.py)
+makes steps so short that the events' share is at its largest: an upper bound.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import random
 import time
 import uuid
 
+from inference.block_pool import BlockPool
 from inference.engine import Engine
 from inference.kv_event_log import KVEventLog
 from inference.kv_event_publisher import attach_publisher
@@ -55,6 +59,26 @@ def per_call(n: int = 200_000) -> dict[str, float]:
         "removed_us": removed / n * 1e6,
         "stored_16_and_flush_us": stored_and_flushed / (n // 16) * 1e6,
     }
+
+
+def pool_cycle(n: int = 100_000) -> dict[str, float]:
+    """Microseconds per block through the device pool (allocate, which evicts; commit; release), events off vs on."""
+    out = {}
+    for name in ("off", "on"):
+        pool = BlockPool(1024)
+        if name == "on":
+            pool.attach_events(KVEventLog(engine_id="bench", block_size=16, sink=lambda batch: None), "CPU")
+        hashes = [random.randbytes(32) for _ in range(n)]
+        tokens = tuple(range(16))
+        start = time.perf_counter()
+        for i, h in enumerate(hashes):
+            (block,) = pool.allocate(1, 0.0)
+            pool.commit(block, h, tokens, 300, 0.0, hashes[i - 1] if i else None)
+            pool.release([block], 0.0)
+            if pool.events is not None and i % 64 == 63:
+                pool.events.flush()  # type: ignore[attr-defined]  # once per "step"
+        out[name] = (time.perf_counter() - start) / n * 1e6
+    return out
 
 
 def run_batch(engine: Engine, prompts: list[list[int]], params: SamplingParams, salt: str) -> float:
@@ -114,10 +138,17 @@ async def _purge(subject: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-engine", action="store_true", help="only the per-call and pool timings")
+    parser.add_argument("--reps", type=int, default=None, help="interleaved runs of each (default 4, quick 2)")
     args = parser.parse_args()
     calls = per_call(50_000 if args.quick else 200_000)
     print("per call (us):", {k: round(v, 2) for k, v in calls.items()})
-    result = zero_hit(n=8 if args.quick else 16, length=256, reps=2 if args.quick else 4)
+    cycle = pool_cycle(20_000 if args.quick else 100_000)
+    print(f"device pool, per block (allocate+commit+release, us): events off {cycle['off']:.2f}, on {cycle['on']:.2f}")
+    if args.no_engine:
+        return
+    reps = args.reps or (2 if args.quick else 4)
+    result = zero_hit(n=8 if args.quick else 16, length=256, reps=reps)
     print(
         f"0% hits, events on vs off: on {result['on']:.0f} tok/s, off {result['off']:.0f} tok/s, "
         f"on/off {result['ratio']:.3f} ({result['batches']} batches, {result['published']} published, "

@@ -326,7 +326,8 @@ class AsyncEngine:
                         break
                 if self._stopping:
                     break
-                inbox, self._inbox = self._inbox, []
+                if not idle:  # (idle: what arrived since the wait timed out waits for the next turn)
+                    inbox, self._inbox = self._inbox, []
             if idle:
                 engine.kv_events_tick()
                 continue

@@ -20,6 +20,7 @@ from inference.fused_ops import FusedOps
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
 from inference.kv_event_log import KVEventLog, Probe
+from inference.kv_event_publisher import KVEventPublisher
 from inference.model_fingerprint import model_fingerprint
 from inference.model_loader import LoadedModel, load_model
 from inference.model_runner import Chunk, ModelRunner
@@ -120,6 +121,7 @@ class Engine:
         self.engine_id = settings.resolved_engine_id()
         # KV events, when a NATS server is set (its publisher attaches as the log's sink).
         self.kv_events: KVEventLog | None = None
+        self.kv_event_publisher: KVEventPublisher | None = None  # set by kv_event_publisher.attach_publisher
         self._kv_probes: dict[str, Probe] = {}
         if settings.nats_url:
             self._collect_kv_events()

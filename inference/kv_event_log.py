@@ -28,6 +28,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple, Protocol
 
+import msgspec
+
 from inference.hashing import BlockHash
 from kvgate.kv_events import (
     AllBlocksCleared,
@@ -42,6 +44,11 @@ from kvgate.kv_events import (
 # The event medium of each tier, by tier name; other names are upper-cased.
 TIER_MEDIA = {"host": "HOST", "disk": "DISK", "redis": "REMOTE"}
 
+# A batch holds at most this many hashes (~150 kB of msgpack with 32-byte hashes), so that a step
+# that moves many blocks (a mass expiry, the disk's blocks at start-up) stays within NATS's
+# 1 MB message limit: it goes out as several batches, with consecutive seqs.
+MAX_HASHES_PER_BATCH = 4096
+
 # (block hash, now) -> the block's current expiry in that medium (epoch s), or None if it is gone.
 Probe = Callable[[BlockHash, float], float | None]
 Sink = Callable[[KVEventBatch], None]
@@ -50,6 +57,36 @@ Sink = Callable[[KVEventBatch], None]
 def tier_medium(tier_name: str) -> str:
     """The event medium a tier's blocks are reported under ("host" -> "HOST", "redis" -> "REMOTE")."""
     return TIER_MEDIA.get(tier_name, tier_name.upper())
+
+
+def split_events(events: list[KVEvent], max_hashes: int) -> list[list[KVEvent]]:
+    """events in order, cut into parts of at most max_hashes block hashes each (an event cut in two
+    keeps its chain: the second piece's parent is the first piece's last hash)."""
+    parts: list[list[KVEvent]] = []
+    part: list[KVEvent] = []
+    size = 0
+    for event in events:
+        if isinstance(event, AllBlocksCleared):
+            part.append(event)
+            continue
+        hashes, start = event.block_hashes, 0
+        while start < len(hashes):
+            if size == max_hashes:
+                parts.append(part)
+                part, size = [], 0
+            piece = hashes[start : start + max_hashes - size]
+            if len(piece) == len(hashes):
+                part.append(event)
+            elif isinstance(event, BlockStored):
+                parent = event.parent_block_hash if start == 0 else hashes[start - 1]
+                part.append(msgspec.structs.replace(event, block_hashes=piece, parent_block_hash=parent))
+            else:
+                part.append(msgspec.structs.replace(event, block_hashes=piece))
+            size += len(piece)
+            start += len(piece)
+    if part:
+        parts.append(part)
+    return parts
 
 
 class BlockEvents(Protocol):
@@ -83,11 +120,13 @@ class KVEventLog:
         sink: Sink | None = None,
         sweep_interval_s: float = 1.0,
         refresh_margin_s: float = 2.0,
+        max_hashes_per_batch: int = MAX_HASHES_PER_BATCH,
     ) -> None:
         self.engine_id = engine_id
         self.block_size = block_size
         self.sweep_interval_s = sweep_interval_s
         self.refresh_margin_s = refresh_margin_s
+        self.max_hashes_per_batch = max_hashes_per_batch
         self._sink = sink
         self._lock = threading.Lock()
         self._pending: list[KVEvent] = []
@@ -232,11 +271,13 @@ class KVEventLog:
     def _flush(self) -> KVEventBatch | None:
         if not self._pending:
             return None
-        self._seq += 1
-        batch = KVEventBatch(ts=time.time(), events=self._pending, seq=self._seq, engine_id=self.engine_id)
-        self._pending = []
-        if self._sink is not None:
-            self._sink(batch)  # under the lock: batches reach the sink in seq order
+        events, self._pending = self._pending, []
+        batch = None
+        for part in split_events(events, self.max_hashes_per_batch):
+            self._seq += 1
+            batch = KVEventBatch(ts=time.time(), events=part, seq=self._seq, engine_id=self.engine_id)
+            if self._sink is not None:
+                self._sink(batch)  # under the lock: batches reach the sink in seq order
         return batch
 
     # -- readers (any thread) ------------------------------------------------------------

@@ -237,4 +237,5 @@ def attach_publisher(engine: Engine) -> KVEventPublisher | None:
     publisher = KVEventPublisher(engine.settings.nats_url, subject)
     publisher.start()
     engine.kv_events.set_sink(publisher.submit)
+    engine.kv_event_publisher = publisher
     return publisher

@@ -119,6 +119,16 @@ def _engine_state(stats: EngineStats) -> Iterator[Metric]:
     yield counter("vllm:num_preemptions", "Requests preempted to free KV blocks.", stats.preemptions)
     yield gauge("vllm:num_requests_running", "Requests decoding or prefilling.", stats.running)
     yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.waiting)
+    events = stats.kv_events
+    if events is not None:
+        yield counter("kvgate:kv_event_batches", "KV event batches made (the last seq).", events.batches)
+        yield counter("kvgate:kv_event_batches_published", "KV event batches published to NATS.", events.published)
+        yield counter(
+            "kvgate:kv_event_batches_dropped",
+            "KV event batches dropped (NATS down or slow): routers see a gap and resync.",
+            events.dropped,
+        )
+        yield gauge("kvgate:kv_event_live_blocks", "Blocks the published KV events say are live.", events.live_blocks)
     yield from _tier_metrics(stats)
 
 

@@ -99,3 +99,23 @@ def test_the_snapshot_is_the_replay_of_the_batches_up_to_its_seq():
 
 def test_tiers_map_to_vllms_media():
     assert [tier_medium(n) for n in ("host", "disk", "redis", "nvme")] == ["HOST", "DISK", "REMOTE", "NVME"]
+
+
+def test_a_step_that_moves_many_blocks_goes_out_as_several_batches_that_replay_the_same():
+    sent: list[KVEventBatch] = []
+    log = KVEventLog(engine_id="e1", block_size=16, sink=sent.append, max_hashes_per_batch=4)
+    chain = [bytes([i]) * 32 for i in range(10, 20)]
+    parent = None
+    for h in chain:
+        log.stored("CPU", h, parent, 300, 1300.0)
+        parent = h
+    log.stored("HOST", A, None, 300, 1300.0)
+    for h in chain[:6]:
+        log.removed("CPU", h)
+    last = log.flush()
+    assert last is sent[-1] and [b.seq for b in sent] == [1, 2, 3, 4, 5]
+    assert all(sum(len(getattr(e, "block_hashes", ())) for e in b.events) <= 4 for b in sent)
+    stored = [e for b in sent for e in b.events if isinstance(e, BlockStored) and e.medium == "CPU"]
+    assert [h for e in stored for h in e.block_hashes] == chain
+    assert [e.parent_block_hash for e in stored] == [None, chain[3], chain[7]]  # each piece still chains
+    assert replay(sent) == {("CPU", h): 1300.0 for h in chain[6:]} | {("HOST", A): 1300.0}

@@ -244,6 +244,11 @@ async def test_an_idle_async_engine_publishes_expiries_by_itself(tiny_llama_dir)
             await asyncio.sleep(0.2)
             batches = await read_batches_async(core.kv_events_subject, until_seq=core.kv_events.seq)
         assert replay(batches) == {}
+        # It serves on between its idle wake-ups: the expired prefix is recomputed, stored and said so.
+        outs = await asyncio.gather(*(engine.generate(prompt, ONE_TOKEN) for _ in range(4)))
+        assert sorted(checked(o).usage.cache_write_tokens for o in outs)[-1] == 48
+        batches = await read_batches_async(core.kv_events_subject, until_seq=core.kv_events.seq)
+        assert set(replay(batches)) == {("CPU", h) for h in hashes}
     finally:
         await engine.shutdown()
         await purge_async(core.kv_events_subject)

@@ -32,6 +32,7 @@ def test_an_engine_without_events_says_so_and_has_no_snapshot(tiny_server):
         "kv_events_subject": None,
         "shared_tier": False,
     }
+    assert not any(name.startswith("kvgate:kv_event") for name in tiny_server.metrics())
     response = httpx.get(f"{tiny_server.url}/kv/snapshot")
     assert response.status_code == 404
     assert "KVGATE_NATS_URL" in response.json()["error"]["message"]
@@ -79,6 +80,11 @@ def test_the_gateways_hashes_are_the_engines_and_the_snapshot_is_the_replay_of_t
 
             batches = read_batches(subject, until_seq=snapshot.seq)
             assert replay(batches) == state
+            metrics = server.metrics()
+            assert metrics["kvgate:kv_event_batches_total"] >= snapshot.seq
+            assert metrics["kvgate:kv_event_batches_published_total"] >= snapshot.seq
+            assert metrics["kvgate:kv_event_batches_dropped_total"] == 0
+            assert metrics["kvgate:kv_event_live_blocks"] == len(state)
             ttls = {h: e.ttl_s for e in stored_events(batches, "CPU") for h in e.block_hashes}
             assert [ttls[h] for h in expected] == [300] * 4 + [600] * 2 + [300] * 2
         finally:

@@ -8,11 +8,14 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from inference.cli import served_engine_id
 from inference.hashing import BlockHasher
+from inference.preflight import check_nats_url
 from inference.settings import EngineSettings
 from kvgate import kv_events
+from kvgate.preflight import StartupError
 from tests.gateway.harness import free_port
 from tests.inference.kv_event_helpers import NATS_URL, purge, read_batches, replay, unique_engine_id
 from tests.inference.server.helpers import token_prompt, unique_salt
@@ -62,3 +65,11 @@ def test_a_served_engine_is_known_by_host_and_port_and_publishes_its_blocks(tmp_
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)
         purge(subject)
+
+
+def test_a_malformed_nats_url_fails_the_start_in_one_line_and_a_good_or_unreachable_one_passes() -> None:
+    for good in (None, "nats://127.0.0.1:4222", "nats://a:1, tls://b:2", "nats://127.0.0.1:1"):
+        check_nats_url(EngineSettings(nats_url=good))
+    for bad in ("127.0.0.1:4222", "http://127.0.0.1:4222", "nats://"):
+        with pytest.raises(StartupError, match="is not a NATS URL"):
+            check_nats_url(EngineSettings(nats_url=bad))
