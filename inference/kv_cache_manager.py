@@ -113,6 +113,8 @@ class KVCacheManager:
         now = self.clock.now()
         ttls = [request.commit_ttls[j] if j < len(request.commit_ttls) else 0 for j in range(len(hits))]
         self.pool.touch(on_device, [t for h, t in zip(hits, ttls, strict=True) if isinstance(h, KVBlock)], now)
+        if on_device and self.tiers is not None and self.tiers.shared:
+            self.tiers.share(on_device)  # their life here just grew: so does the shared copy's
         fresh: list[KVBlock] = []
         try:
             fresh = self.pool.allocate(needed, now)
@@ -180,7 +182,7 @@ class KVCacheManager:
             tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
             committed = self.pool.commit(request.blocks[j], request.block_hashes[j], tokens, ttl, now)
             if committed and self.tiers is not None and self.tiers.shared:
-                self.tiers.on_commit(request.blocks[j])
+                self.tiers.share([request.blocks[j]])
             # A block recomputed after a preemption was already counted the first time.
             if committed and j >= request.num_accounted_blocks:
                 request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs

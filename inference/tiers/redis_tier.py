@@ -70,6 +70,7 @@ T = TypeVar("T")
 KEY_VERSION = "kvg:v1"
 _HEADER_ALIGN = 64  # the payload starts aligned, so it can be viewed as any KV dtype in place
 _PREFETCH_KEEP_S = 60.0  # fetched blocks no admission took are dropped after this long
+_REFRESH_LAG_S = 60.0  # the most a shared copy's expiry may lag this engine's, to save PEXPIREs
 
 
 def key_prefix(model_fingerprint: str, layout: BlockLayout) -> str:
@@ -325,12 +326,18 @@ class RedisTier:
     # -- write path ---------------------------------------------------------------------
 
     def refresh(self, entry: TierEntry) -> bool:
-        """If this engine knows the key, extend its expiry to entry's (PEXPIRE GT, queued): True."""
+        """If this engine knows the key, extend its expiry to entry's (PEXPIRE GT, queued): True.
+
+        Skipped while the key's known expiry is within a small lag of entry's (a tenth of
+        the TTL, at most a minute), so a hot block costs Redis one PEXPIRE per lag, not one per hit.
+        """
         with self._lock:
             known = self._known.get(entry.block_hash)
             if known is None:
                 return False
-            self._known[entry.block_hash] = max(known, entry.expires_at)
+            if entry.expires_at <= known + min(_REFRESH_LAG_S, entry.ttl_s / 10):
+                return True
+            self._known[entry.block_hash] = entry.expires_at
         px = int((entry.expires_at - self.clock.now()) * 1000)
         if px > 0 and not self.breaker.is_open:
             self.writer.submit(RefreshJob(entry.detached(), px))
