@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference.bundled_models import SMOLLM2
@@ -93,3 +93,11 @@ class EngineSettings(BaseSettings):
         gt=0,
         description="Blocks queued for the Redis writer thread at most; beyond that stores are dropped, never waited.",
     )
+
+    @field_validator("kv_redis_url")
+    @classmethod
+    def _redis_url_scheme(cls, url: str | None) -> str | None:
+        # A typo must stop the engine at start with this line, not read as "Redis down" forever.
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("KVGATE_KV_REDIS_URL must start with redis://, rediss:// or unix://")
+        return url

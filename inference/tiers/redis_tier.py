@@ -40,7 +40,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -273,9 +272,10 @@ class RedisTier:
         future, index, _ = pending
         try:
             values = future.result(timeout=4 * self.timeout_s + 1.0)
-        except FutureTimeout:
+        except Exception as exc:  # timed out, or failed unexpectedly: a miss all the same
             with self._lock:
                 self.stats.errors += 1
+            log.warning("kv_redis_load_failed", error=repr(exc))
             return False
         value = values[index] if values is not None else None
         if value is None:  # gone since the lookup, or Redis failed
@@ -463,7 +463,7 @@ class RedisTier:
             return None
         try:
             result = send()
-        except (redis.RedisError, OSError) as exc:
+        except Exception as exc:  # refused, timed out, or anything else: Redis only ever costs a miss
             opened = not self.breaker.is_open
             self.breaker.failure()
             with self._lock:
