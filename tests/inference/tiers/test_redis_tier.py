@@ -181,3 +181,13 @@ def test_a_request_waits_for_its_remote_blocks_while_the_other_requests_step(sha
         finished = next((o.finished for o in b.step() if o.request_id == "warm" and o.finished), None)
     checked(finished)
     assert finished.usage.cached_tokens_by_tier == by_tier(redis=144) and finished.token_ids == cold.token_ids
+
+
+def test_a_restarted_engine_reads_its_blocks_back_from_redis(shared, tiny_llama_dir):
+    first = shared(tiny_llama_dir)
+    prompt, spec = random_prompt(random.Random(92), 150), CacheSpec(salt=salt())
+    cold = checked(first.generate(prompt, GREEDY_8, spec))
+    first.close()  # drains the writer; no disk tier, so nothing else keeps the blocks
+    again = shared(tiny_llama_dir)
+    warm = checked(again.generate(prompt, GREEDY_8, spec))
+    assert warm.usage.cached_tokens_by_tier == by_tier(redis=144) and warm.token_ids == cold.token_ids
