@@ -20,7 +20,12 @@ The manager knows no tier by name: it drives an ordered list of `KVTier`s, faste
 first, built from the settings by the classes in TIER_TYPES. A block goes to the first
 tier that takes it; a tier making room hands its live victim to the tiers below it;
 lookups try the tiers in order; at shutdown the tiers above the last persistent one
-(and the device) are written out to it.
+(and the device) are written out to it (a local one, the disk, when there is one).
+
+Shared tiers (`shared = True`: Redis) are also written through: every block committed
+or hit on the device is offered to them at once (share()), so other engines, and this
+one after a crash, find it. Their lookups go by the chunk (lookup_prefix), and their
+loads can start before admission (prefetch), while the scheduler runs other requests.
 """
 
 from __future__ import annotations
