@@ -113,6 +113,8 @@ class KVCacheManager:
         now = self.clock.now()
         ttls = [request.commit_ttls[j] if j < len(request.commit_ttls) else 0 for j in range(len(hits))]
         self.pool.touch(on_device, [t for h, t in zip(hits, ttls, strict=True) if isinstance(h, KVBlock)], now)
+        if on_device and self.tiers is not None and self.tiers.shared:
+            self.tiers.share(on_device)  # their life here just grew: so does the shared copy's
         fresh: list[KVBlock] = []
         try:
             fresh = self.pool.allocate(needed, now)
@@ -182,7 +184,7 @@ class KVCacheManager:
             block_hash = request.block_hashes[j]
             committed = self.pool.commit(request.blocks[j], block_hash, tokens, ttl, now, parent_of(request, j))
             if committed and self.tiers is not None and self.tiers.shared:
-                self.tiers.on_commit(request.blocks[j])
+                self.tiers.share([request.blocks[j]])
             # A block recomputed after a preemption was already counted the first time.
             if committed and j >= request.num_accounted_blocks:
                 request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs

@@ -2,7 +2,7 @@
 
 A block computed by one engine may be loaded by another only if it would have computed
 the very same bytes: the same weights, config and dtype, and the same numerics (device
-type, attention kernel, fused ops, torch version). The shared KV tier keys every block by
+type with its ISA or GPU model, attention kernel, fused ops, torch version). The shared KV tier keys every block by
 this fingerprint (with the layout and the salted block hash), so a different model, a
 re-quantized or fine-tuned checkpoint under the same name, another dtype or another
 kernel reads nothing, instead of reading KV that would make warm output differ from cold.
@@ -33,7 +33,7 @@ def model_fingerprint(path: Path, *, dtype: torch.dtype, device: torch.device, c
     that differ there compute different KV from the same weights.
     """
     digest = xxhash.xxh3_128()
-    identity = f"kvgate-model/v1|{dtype}|{device.type}|torch={torch.__version__}|{compute}"
+    identity = f"kvgate-model/v1|{dtype}|{_hardware(device)}|torch={torch.__version__}|{compute}"
     digest.update(identity.encode())
     files = sorted(p for p in Path(path).iterdir() if p.is_file() and _counts(p))
     if not files:
@@ -44,6 +44,13 @@ def model_fingerprint(path: Path, *, dtype: torch.dtype, device: torch.device, c
             while chunk := f.read(_READ_CHUNK):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def _hardware(device: torch.device) -> str:
+    """The kernel family the device runs: GEMMs pick different kernels (and roundings) per ISA or GPU model."""
+    if device.type == "cuda":
+        return f"cuda|{torch.cuda.get_device_name(device)}"
+    return f"{device.type}|{torch.backends.cpu.get_cpu_capability()}"
 
 
 def _counts(path: Path) -> bool:

@@ -7,7 +7,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference.bundled_models import SMOLLM2
@@ -121,3 +121,11 @@ class EngineSettings(BaseSettings):
     def resolved_engine_id(self) -> str:
         """engine_id, or hostname-pid when unset."""
         return self.engine_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @field_validator("kv_redis_url")
+    @classmethod
+    def _redis_url_scheme(cls, url: str | None) -> str | None:
+        # A typo must stop the engine at start with this line, not read as "Redis down" forever.
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("KVGATE_KV_REDIS_URL must start with redis://, rediss:// or unix://")
+        return url

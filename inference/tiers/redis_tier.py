@@ -40,7 +40,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
@@ -70,6 +69,7 @@ T = TypeVar("T")
 KEY_VERSION = "kvg:v1"
 _HEADER_ALIGN = 64  # the payload starts aligned, so it can be viewed as any KV dtype in place
 _PREFETCH_KEEP_S = 60.0  # fetched blocks no admission took are dropped after this long
+_REFRESH_LAG_S = 60.0  # the most a shared copy's expiry may lag this engine's, to save PEXPIREs
 
 
 def key_prefix(model_fingerprint: str, layout: BlockLayout) -> str:
@@ -272,9 +272,10 @@ class RedisTier:
         future, index, _ = pending
         try:
             values = future.result(timeout=4 * self.timeout_s + 1.0)
-        except FutureTimeout:
+        except Exception as exc:  # timed out, or failed unexpectedly: a miss all the same
             with self._lock:
                 self.stats.errors += 1
+            log.warning("kv_redis_load_failed", error=repr(exc))
             return False
         value = values[index] if values is not None else None
         if value is None:  # gone since the lookup, or Redis failed
@@ -325,12 +326,18 @@ class RedisTier:
     # -- write path ---------------------------------------------------------------------
 
     def refresh(self, entry: TierEntry) -> bool:
-        """If this engine knows the key, extend its expiry to entry's (PEXPIRE GT, queued): True."""
+        """If this engine knows the key, extend its expiry to entry's (PEXPIRE GT, queued): True.
+
+        Skipped while the key's known expiry is within a small lag of entry's (a tenth of
+        the TTL, at most a minute), so a hot block costs Redis one PEXPIRE per lag, not one per hit.
+        """
         with self._lock:
             known = self._known.get(entry.block_hash)
             if known is None:
                 return False
-            self._known[entry.block_hash] = max(known, entry.expires_at)
+            if entry.expires_at <= known + min(_REFRESH_LAG_S, entry.ttl_s / 10):
+                return True
+            self._known[entry.block_hash] = entry.expires_at
         px = int((entry.expires_at - self.clock.now()) * 1000)
         if px > 0 and not self.breaker.is_open:
             self.writer.submit(RefreshJob(entry.detached(), px))
@@ -456,7 +463,7 @@ class RedisTier:
             return None
         try:
             result = send()
-        except (redis.RedisError, OSError) as exc:
+        except Exception as exc:  # refused, timed out, or anything else: Redis only ever costs a miss
             opened = not self.breaker.is_open
             self.breaker.failure()
             with self._lock:

@@ -20,7 +20,12 @@ The manager knows no tier by name: it drives an ordered list of `KVTier`s, faste
 first, built from the settings by the classes in TIER_TYPES. A block goes to the first
 tier that takes it; a tier making room hands its live victim to the tiers below it;
 lookups try the tiers in order; at shutdown the tiers above the last persistent one
-(and the device) are written out to it.
+(and the device) are written out to it (a local one, the disk, when there is one).
+
+Shared tiers (`shared = True`: Redis) are also written through: every block committed
+or hit on the device is offered to them at once (share()), so other engines, and this
+one after a crash, find it. Their lookups go by the chunk (lookup_prefix), and their
+loads can start before admission (prefetch), while the scheduler runs other requests.
 """
 
 from __future__ import annotations
@@ -66,7 +71,7 @@ class TierManager:
         self.clock = clock
         self.layout = BlockLayout.of_pool(cache)
         self.tiers = list(tiers)
-        self.shared = [t for t in self.tiers if t.shared]  # written through at commit (on_commit)
+        self.shared = [t for t in self.tiers if t.shared]  # written through (share())
         self.closed = False
 
     @classmethod
@@ -117,18 +122,21 @@ class TierManager:
         """BlockPool's eviction hook: keep an unexpired committed block before its slot is reused."""
         self._store(0, _entry_of(block, block.expires_at), device_block(self.cache, block.block_id))
 
-    def on_commit(self, block: KVBlock) -> None:
-        """Write-through to the shared tiers: a block just computed is offered to other engines at once.
+    def share(self, blocks: Sequence[KVBlock]) -> None:
+        """Offer blocks just computed, or just hit, on the device to the shared tiers (write-through).
 
         Write-back alone would share a block only once it is evicted here, and never if
-        this engine dies first. The store is queued (the shared tier copies the block and
-        sends it from its own thread).
+        this engine dies first; and a device hit extends a block's life here, which the
+        shared copy must follow for another engine to find it within its TTL. A tier
+        refreshes what it has (or knows it has recently enough) and stores the rest
+        (queued: it copies the block and sends it from its own thread).
         """
         now = self.clock.now()
-        entry = _entry_of(block, now + block.ttl_s)
-        for tier in self.shared:
-            if not tier.refresh(entry):
-                tier.store(entry, device_block(self.cache, block.block_id), now=now, demote=None)
+        for block in blocks:
+            entry = _entry_of(block, now + block.ttl_s)
+            for tier in self.shared:
+                if not tier.refresh(entry):
+                    tier.store(entry, device_block(self.cache, block.block_id), now=now, demote=None)
 
     def _store(self, first: int, entry: TierEntry, source: torch.Tensor) -> None:
         """Keep a block in tiers[first:]: refresh it where it is already, else store it in the first with room."""

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 import torch
+from pydantic import ValidationError
 
 from inference.model_fingerprint import model_fingerprint
 from inference.settings import EngineSettings
@@ -127,6 +128,9 @@ def test_the_redis_tier_is_named_after_host_and_disk_and_off_unless_its_url_is_s
     assert EngineSettings().kv_redis_url is None
     monkeypatch.setenv("KVGATE_KV_REDIS_URL", "redis://127.0.0.1:6379/0")
     assert EngineSettings().kv_redis_url == "redis://127.0.0.1:6379/0"
+    monkeypatch.setenv("KVGATE_KV_REDIS_URL", "127.0.0.1:6379")
+    with pytest.raises(ValidationError, match="must start with redis://"):
+        EngineSettings()
 
 
 @pytest.mark.parametrize("url", [None, ""])
