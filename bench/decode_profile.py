@@ -7,9 +7,11 @@ stream has a 256-token prompt, greedy, ignore_eos; after prefill and a few warm-
 steps, `--steps` decode steps are timed with light wrappers around the engine's parts
 (each adds about a microsecond per call):
 
-- linears: every PackedLinear call of the decoder layers (oneDNN, packed weights);
+- linears: every linear of the decoder layers: DecodeLinear (the decode kernel for decode
+  rows) where the engine uses it, else PackedLinear (oneDNN, packed weights);
 - attention: the paged attention function of each layer (KV write + C kernel);
-- LM head + rescoring: the LM head and the float32 rescoring of the top logits;
+- LM head + rescoring: the LM head (the decode kernel's float32 logits for decode rows,
+  else oneDNN's and the float32 rescoring of the top logits);
 - other model ops: the rest of the forward pass (norms, rotary, SiLU, residuals,
   embedding, HF module plumbing);
 - input building: the model runner's own work before the forward pass;
@@ -43,6 +45,7 @@ from bench.report import machine_description, write_section  # noqa: E402
 from inference import fused_ops as fused_ops_module  # noqa: E402
 from inference import paged_attention as attention_module  # noqa: E402
 from inference.cpu_linear import PackedLinear  # noqa: E402
+from inference.decode_linear import DecodeLinear  # noqa: E402
 from inference.engine import Engine  # noqa: E402
 from inference.model_loader import load_model  # noqa: E402
 from inference.settings import EngineSettings  # noqa: E402
@@ -64,6 +67,7 @@ def timed(name: str, fn):
 
 def instrument(engine: Engine) -> None:
     PackedLinear.forward = timed("linears", PackedLinear.forward)
+    DecodeLinear.forward = timed("decode_linears", DecodeLinear.forward)
     # The attention function is looked up by name in transformers' registry at every call.
     from transformers import AttentionInterface
 
@@ -72,6 +76,7 @@ def instrument(engine: Engine) -> None:
     # Fused decoder layers (bf16 on CPU) call it directly, not through the registry: one or the other runs.
     fused_ops_module.paged_attention = attention
     engine.runner._logits = timed("lm_head", engine.runner._logits)
+    engine.runner._decode_logits = timed("lm_head", engine.runner._decode_logits)
     engine.runner.model.model.forward = timed("forward", engine.runner.model.model.forward)
     engine.runner.execute = timed("execute", engine.runner.execute)
     head = engine.runner.model.lm_head
@@ -119,7 +124,8 @@ def profile(engine: Engine, streams: int, steps: int) -> dict:
     while engine.has_unfinished():
         engine.step()
     step = 1e3 * sum(walls) / steps
-    layer_linears = t["linears"] - t["head_linear"]  # the LM head is a PackedLinear too
+    # The LM head is a PackedLinear too; a DecodeLinear calls its PackedLinear for prompt rows only.
+    layer_linears = t["decode_linears"] if "decode_linears" in t else t["linears"] - t.get("head_linear", 0.0)
     parts = {
         "linears": layer_linears,
         "attention": t["attention"],

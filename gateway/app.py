@@ -24,8 +24,9 @@ from gateway.api.middleware import RequestContextMiddleware
 from gateway.api.route_templates import RouteTemplates
 from gateway.api.schema import install_body_schemas
 from gateway.auth_cache import PrincipalCache
+from gateway.auth_invalidation import AuthInvalidation
 from gateway.backends.base import EngineClient
-from gateway.backends.embedded import EmbeddedEngine
+from gateway.backends.factory import engine_client
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
@@ -96,7 +97,7 @@ async def recover_after_crash(
 def create_app(
     settings: GatewaySettings | None = None,
     *,
-    engine_factory: EngineFactory = EmbeddedEngine.from_settings,
+    engine_factory: EngineFactory | None = None,
     billing: BillingHooks | None = None,
     billing_factory: BillingFactory | None = None,
     admin_routers: Sequence[APIRouter] = (),
@@ -115,8 +116,10 @@ def create_app(
     left in request.state.principal (gateway.api.deps.require_scope).
     The database must already be migrated (`kvgate serve` does it first).
     prewarm_workers starts the request worker processes at start-up rather than on the first large body.
+    Without `engine_factory` the engine is KVGATE_ENGINES' (gateway.backends.factory.engine_client).
     """
     settings = settings or GatewaySettings()
+    make_engine = engine_factory or (lambda: engine_client(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,7 +134,7 @@ def create_app(
             )
         if new_token:
             announce_admin_token(new_token, settings)
-        engine = engine_factory()
+        engine = make_engine()
         await engine.start()
         hooks = billing or _build_billing(billing_factory, sessions, settings)
         own_recorder = DatabaseUsageRecorder(settings.database_url) if recorder is None else None
@@ -162,6 +165,8 @@ def create_app(
         )
         if prewarm_workers:
             workers.prewarm()
+        auth_cache = PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s)
+        invalidation = AuthInvalidation(auth_cache, settings.redis_url)
         gw = Gateway(
             settings=settings,
             engine=engine,
@@ -172,11 +177,12 @@ def create_app(
             billing=hooks,
             secret=secret,
             admin=admin,
-            auth_cache=PrincipalCache(settings.auth_cache_ttl_s, stale_ttl_s=settings.auth_stale_ttl_s),
+            auth_cache=auth_cache,
             metrics=_metrics(app, engine, hooks),
             db_health=health_of(db),
             prep=prep,
             workers=workers,
+            auth_invalidation=invalidation,
         )
         journal_dir = settings.inflight_journal_dir or default_journal_dir(settings.database_url)
         await recover_after_crash(
@@ -190,6 +196,7 @@ def create_app(
                     f"cannot open the in-flight journal in {journal_dir}: {exc} "
                     "(set KVGATE_INFLIGHT_JOURNAL_DIR, or KVGATE_INFLIGHT_JOURNAL=false to run without it)"
                 ) from exc
+        invalidation.start()  # subscribes in the background; until then every key is checked in the database
         app.state.gateway = gw
         # Connections pooled before an outage may have died with it: start afresh when it ends.
         gw.db_health.add_recovery_hook(lambda: db.sync_engine.dispose(close=False))
@@ -212,6 +219,7 @@ def create_app(
                 closers.append(("billing", close))
             if own_recorder is not None:
                 closers.append(("usage_recorder", own_recorder.aclose))
+            closers.append(("auth_invalidation", invalidation.aclose))
             if isinstance(rate_limiter, RedisRateLimiter):
                 closers.append(("rate_limiter", rate_limiter.close))
             closers.append(("database", db.dispose))

@@ -6,9 +6,12 @@ only until KVGATE_AUTH_STALE_TTL_S after the database last accepted the key (0 t
 disable), so a database outage does not lock out the tenants that were just working.
 
 Revoking a key or suspending a tenant through the admin API evicts at once, and a key
-the database refuses (401/403) is evicted when it does; a change made elsewhere (the
-CLI, another gateway process) takes effect within the fresh TTL. A key's expiry is
-checked on every use, cached or not.
+the database refuses (401/403) is evicted when it does. With KVGATE_REDIS_URL set, every
+such change (admin API or CLI, on any gateway) is published and every gateway evicts at
+once (gateway/auth_invalidation.py); while a gateway cannot hear those messages its fresh
+TTL is 0 (suspend_freshness), and entries cached before it heard them again are not fresh.
+Without Redis, a change made elsewhere takes effect within the fresh TTL. A key's expiry
+is checked on every use, cached or not.
 
 Concurrent misses of one key share a single database lookup (load()): under load, a
 fresh entry expiring used to send every request in flight to the database at once.
@@ -17,6 +20,7 @@ fresh entry expiring used to send every request in flight to the database at onc
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -39,6 +43,11 @@ class PrincipalCache:
         self._clock = clock
         self._entries: OrderedDict[str, tuple[float, Principal]] = OrderedDict()
         self._lookups: dict[str, asyncio.Future[Principal | None]] = {}
+        # Entries stored before this instant are never fresh (they may predate a missed eviction).
+        self._fresh_since = -math.inf
+        self._fresh_suspended = False
+        # Bumped by every eviction: a lookup that read the database before one does not store its answer.
+        self.generation = 0
 
     def _age(self, key_hash: str) -> tuple[float, Principal] | None:
         entry = self._entries.get(key_hash)
@@ -53,6 +62,11 @@ class PrincipalCache:
 
     def get(self, key_hash: str) -> Principal | None:
         """The principal if the database accepted this key within the fresh TTL."""
+        if self._fresh_suspended:
+            return None
+        entry = self._entries.get(key_hash)
+        if entry is None or entry[0] < self._fresh_since:
+            return None
         found = self._age(key_hash)
         if found is None or found[0] >= self.ttl_s:
             return None
@@ -63,8 +77,9 @@ class PrincipalCache:
         found = self._age(key_hash)
         return None if found is None else found[1]
 
-    def put(self, key_hash: str, principal: Principal) -> None:
-        if self.stale_ttl_s <= 0:
+    def put(self, key_hash: str, principal: Principal, *, generation: int | None = None) -> None:
+        """Store what the database said; not if an eviction came since `generation` (read before the lookup)."""
+        if self.stale_ttl_s <= 0 or (generation is not None and generation != self.generation):
             return
         self._entries[key_hash] = (self._clock(), principal)
         self._entries.move_to_end(key_hash)
@@ -79,9 +94,26 @@ class PrincipalCache:
         doomed = [h for h, (_, p) in self._entries.items() if p.api_key_id == key_id or p.tenant_id == tenant_id]
         for h in doomed:
             del self._entries[h]
+        self.generation += 1
         # A lookup already on its way may have read the row before the change: requests from
         # now on start their own instead of joining it.
         self._lookups.clear()
+
+    def suspend_freshness(self) -> None:
+        """Evictions may be missed from now on (their channel is down): every key goes to the database."""
+        self._fresh_suspended = True
+        self.generation += 1
+
+    def resume_freshness(self) -> None:
+        """Evictions are heard again: entries stored from now on are fresh, older ones are not."""
+        self._fresh_since = self._clock()
+        self._fresh_suspended = False
+        self.generation += 1
+        self._lookups.clear()
+
+    @property
+    def fresh_suspended(self) -> bool:
+        return self._fresh_suspended
 
     async def load(self, key_hash: str, lookup: Callable[[], Awaitable[Principal | None]]) -> Principal | None:
         """`lookup()`'s principal, shared by every caller that asks for `key_hash` while it runs.

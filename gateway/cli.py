@@ -53,7 +53,7 @@ def register(app: typer.Typer, *, app_factory: AppFactory, banners: Sequence[Ban
             typer.Option("--wait-for-db", metavar="SECONDS", min=0, help="retry an unreachable database this long"),
         ] = 0.0,
     ) -> None:
-        """Run the gateway with the embedded engine."""
+        """Run the gateway: with the embedded engine, or in front of the engines KVGATE_ENGINES lists."""
         from gateway.serve import run_serve
         from gateway.settings import GatewaySettings
 
@@ -122,6 +122,8 @@ def _set_status(suspended: bool) -> Any:
                 return await set_tenant_status(session, tenant_id=tenant_id, suspended=suspended)
 
         tenant = run_on_database(action, write=True)
+        if suspended:
+            _tell_gateways(tenant_id=tenant.id)
         print(f"tenant {tenant.id} is {tenant.status}")
 
     return command
@@ -174,7 +176,8 @@ def keys_app() -> typer.Typer:
                 return await set_scopes(session, key_id=key_id, scopes=scopes)
 
         key = run_on_database(action, write=True)
-        # Another process's auth cache keeps the old scopes for up to KVGATE_AUTH_CACHE_TTL_S.
+        # Without KVGATE_REDIS_URL, a gateway's auth cache keeps the old scopes for up to KVGATE_AUTH_CACHE_TTL_S.
+        _tell_gateways(key_id=key.id)
         print(f"key {key.id} ({key.name}, {key.prefix}...) now has scopes: {key.scopes}")
 
     @keys.command("revoke")
@@ -187,6 +190,7 @@ def keys_app() -> typer.Typer:
                 return await revoke_key(session, key_id=key_id)
 
         key = run_on_database(action, write=True)
+        _tell_gateways(key_id=key.id)
         print(f"revoked key {key.id} ({key.name}, {key.prefix}...)")
 
     @keys.command("list")
@@ -201,6 +205,21 @@ def keys_app() -> typer.Typer:
         emit(run_on_database(action, write=False), fmt=output, columns=KEY_COLUMNS, model=KeyOut)
 
     return keys
+
+
+def _tell_gateways(*, key_id: str | None = None, tenant_id: str | None = None) -> None:
+    """Have running gateways drop the changed key or tenant from their auth caches (KVGATE_REDIS_URL)."""
+    import asyncio
+
+    from gateway.auth_invalidation import Eviction, publish_eviction
+    from kvgate.settings import KvgateSettings
+
+    url = KvgateSettings().redis_url
+    if url and not asyncio.run(publish_eviction(url, Eviction(key_id=key_id, tenant_id=tenant_id))):
+        print(
+            "note: could not reach Redis to tell running gateways; they see the change within KVGATE_AUTH_CACHE_TTL_S",
+            file=sys.stderr,
+        )
 
 
 def key_state(key: KeyOut) -> str:

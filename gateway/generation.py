@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from gateway.backends.base import Handle
+from gateway.backends.base import EMBEDDED, Handle, Placement
 from gateway.billing_hooks import Admission
 from gateway.inflight import InflightEntry, JournalError
 from gateway.logs import log_failure
@@ -202,6 +202,8 @@ class Generation:
         ttft_ms = None
         if output.ttft_s is not None:
             ttft_ms = round((self.submitted_at - self.ctx.t0 + output.ttft_s) * 1000)
+        # A remote backend's handle says where it ran (None if no engine took it); the embedded one's has none.
+        placement: Placement | None = getattr(self.handle, "placement", EMBEDDED)
         event = UsageEvent(
             request_id=self.ctx.request_id,
             tenant_id=self.ctx.principal.tenant_id,
@@ -213,6 +215,9 @@ class Generation:
             ttft_ms=ttft_ms,
             latency_ms=round((now - self.ctx.t0) * 1000),
             status=status,
+            backend=placement.backend if placement else None,
+            engine_id=placement.engine_id if placement else None,
+            predicted_cached_tokens=placement.predicted_cached_tokens if placement else None,
         )
         cost: Decimal | None = None
         try:

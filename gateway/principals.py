@@ -38,6 +38,7 @@ async def _from_database(gw: Gateway, *, presented: str, digest: str) -> Princip
     health = gw.db_health
     if not health.should_try():
         return None
+    generation = gw.auth_cache.generation  # read before the row: an eviction after it wins
     try:
         # A short session of its own: a streaming response must not hold a connection.
         async with gw.sessions() as session:
@@ -51,7 +52,7 @@ async def _from_database(gw: Gateway, *, presented: str, digest: str) -> Princip
             raise
         return None
     health.succeeded()
-    gw.auth_cache.put(digest, principal)
+    gw.auth_cache.put(digest, principal, generation=generation)
     return principal
 
 

@@ -27,7 +27,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
+import structlog
+
 WINDOW_S = 60.0
+log = structlog.get_logger("kvgate.ratelimit")
 
 
 @dataclass(frozen=True)
@@ -210,38 +213,80 @@ return {tostring(levels[1] or 0), tostring(levels[2] or 0), tostring(wait), tost
 
 
 class RedisRateLimiter:
-    """Buckets in Redis, shared by every gateway process pointing at it."""
+    """Buckets in Redis, shared by every gateway process pointing at it.
 
-    def __init__(self, url: str, *, prefix: str = "kvgate:rl:", clock: Callable[[], float] = time.time) -> None:
+    While Redis cannot be reached (an error, or no answer within `timeout_s`), each process
+    limits with buckets of its own (MemoryRateLimiter) rather than failing the request or
+    letting everything through, and tries Redis again after `retry_s`; one log line per outage.
+    A request admitted by one and settled by the other settles where it ends (a small error,
+    bounded by that request's own units).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "kvgate:rl:",
+        clock: Callable[[], float] = time.time,
+        timeout_s: float = 2.0,
+        retry_s: float = 1.0,
+    ) -> None:
         from redis.asyncio import Redis
 
-        self._redis = Redis.from_url(url)
+        self._redis = Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
         self._script = self._redis.register_script(_LUA)
         self._prefix = prefix
         self._clock = clock
+        self._fallback = MemoryRateLimiter(clock)
+        self._retry_s = retry_s
+        self._down_until: float | None = None  # monotonic; None while Redis answers
 
     async def close(self) -> None:
         await self._redis.aclose()
 
+    @property
+    def using_fallback(self) -> bool:
+        return self._down_until is not None
+
     async def _run(
         self, key_id: str, limits: Limits, req: int, itok: int, mode: str
-    ) -> tuple[float, float, float, int]:
+    ) -> tuple[float, float, float, int] | None:
+        """The script's answer, or None when Redis is away (the caller uses the fallback)."""
+        if self._down_until is not None and time.monotonic() < self._down_until:
+            return None
         now = self._clock()
         keys = [f"{self._prefix}{key_id}:req", f"{self._prefix}{key_id}:itok"]
         args = [now, limits.requests_per_minute or 0, req, limits.input_tokens_per_minute or 0, itok, mode]
-        out = await self._script(keys=keys, args=args)
+        try:
+            out = await self._script(keys=keys, args=args)
+        except Exception as exc:  # redis' ConnectionError and TimeoutError, OSError: all mean "away"
+            if self._down_until is None:
+                log.warning("rate_limit_redis_unavailable", error=str(exc), fallback="per-process buckets")
+            self._down_until = time.monotonic() + self._retry_s
+            return None
+        if self._down_until is not None:
+            log.info("rate_limit_redis_back")
+            self._down_until = None
         return float(out[0]), float(out[1]), float(out[2]), int(float(out[3]))
 
     async def acquire(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
         now = self._clock()
-        req, itok, wait, reserved = await self._run(key_id, limits, 1, input_tokens, "acquire")
+        out = await self._run(key_id, limits, 1, input_tokens, "acquire")
+        if out is None:
+            return await self._fallback.acquire(key_id=key_id, limits=limits, input_tokens=input_tokens)
+        req, itok, wait, reserved = out
         return _decision(limits, req, itok, wait, reserved, now)
 
     async def reserve(self, *, key_id: str, limits: Limits, input_tokens: int) -> Decision:
         now = self._clock()
-        req, itok, _, reserved = await self._run(key_id, limits, 0, input_tokens, "reserve")
+        out = await self._run(key_id, limits, 0, input_tokens, "reserve")
+        if out is None:
+            return await self._fallback.reserve(key_id=key_id, limits=limits, input_tokens=input_tokens)
+        req, itok, _, reserved = out
         return _decision(limits, req, itok, 0.0, reserved, now)
 
     async def adjust(self, *, key_id: str, limits: Limits, requests: int, input_tokens: int) -> None:
-        if requests or input_tokens:
-            await self._run(key_id, limits, requests, input_tokens, "adjust")
+        if not (requests or input_tokens):
+            return
+        if await self._run(key_id, limits, requests, input_tokens, "adjust") is None:
+            await self._fallback.adjust(key_id=key_id, limits=limits, requests=requests, input_tokens=input_tokens)

@@ -76,7 +76,8 @@ def preflight(settings: GatewaySettings, *, wait_for_db_s: float) -> None:
 
     check_port(settings.host, settings.port)
     check_database(settings.database_url, wait_s=wait_for_db_s)
-    check_disk_tier(EngineSettings())
+    if settings.engine_specs is None:  # remote engines check their own tiers
+        check_disk_tier(EngineSettings())
 
 
 def _migrate(settings: GatewaySettings) -> DatabaseState:

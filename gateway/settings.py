@@ -8,8 +8,9 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
+from gateway.backends.engine_list import EngineSpec, parse_engines
 from kvgate.settings import KvgateSettings
 
 
@@ -112,12 +113,57 @@ class GatewaySettings(KvgateSettings):
     route_popular_requests: float = Field(
         8.0,
         gt=0,
-        description="Router: a prefix where this many recent requests' matches ended (a shared system prompt) no "
-        "longer attracts requests; they go by load and the prefix spreads.",
+        description="Router: a prefix where this many recent requests' matches ended (a shared system prompt) counts "
+        "as popular: see KVGATE_ROUTE_POPULAR_SPREAD_LOAD.",
+    )
+    route_popular_spread_load: float = Field(
+        4.0,
+        ge=0,
+        description="Router: a popular prefix attracts requests only while its holders are at most this many requests "
+        "in flight busier than another engine; beyond, it spreads to that engine (0: popular prefixes go by load).",
     )
     route_popular_half_life_s: float = Field(
         30.0, gt=0, description="Router: how fast the popular-prefix count forgets a request."
     )
+    route_index_max_entries: int = Field(
+        1_000_000,
+        gt=0,
+        description="Router: the block index's size bound, in (block, engine) entries (about 115-400 bytes each); past "
+        "it the blocks stored longest ago are forgotten.",
+    )
+    route_pending_s: float = Field(
+        10.0,
+        ge=0,
+        description="Router: with KV events, how long a prefix just sent to an engine counts as held there before "
+        "the engine's own events confirm it (keeps a burst of one new prefix together); 0 disables.",
+    )
+
+    engines: str = Field(
+        "embedded",
+        description="`embedded` (the engine runs in the gateway process), or a comma-separated list of engine base "
+        "URLs (`kvgate engine serve` or vLLM's OpenAI server), each optionally `=WEIGHT`: "
+        "`http://10.0.0.5:8001=2,http://10.0.0.6:8001`. With URLs the gateway loads only KVGATE_MODEL's tokenizer.",
+    )
+    engines_start_wait_s: float = Field(
+        60.0, ge=0, description="With engine URLs: how long start-up waits for the first engine to answer."
+    )
+    engine_read_timeout_s: float = Field(
+        600.0, gt=0, description="With engine URLs: the longest silence on a request's stream (a long prefill)."
+    )
+    vllm_block_size: int = Field(
+        16, gt=0, description="With vLLM engines: their --block-size, the unit in which their cache writes are billed."
+    )
+
+    @field_validator("engines")
+    @classmethod
+    def _engines_parse(cls, value: str) -> str:
+        parse_engines(value)  # a ValueError here is the setting's one-line error
+        return value.strip()
+
+    @property
+    def engine_specs(self) -> tuple[EngineSpec, ...] | None:
+        """The remote engines, or None for the embedded one."""
+        return parse_engines(self.engines)
 
 
 @lru_cache

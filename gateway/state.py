@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.auth_cache import PrincipalCache
+from gateway.auth_invalidation import AuthInvalidation, Eviction
 from gateway.backends.base import EngineClient
 from gateway.billing_hooks import BillingHooks
 from gateway.inflight import InflightJournal
@@ -46,6 +47,15 @@ class Gateway:
     # Admitted requests not yet recorded, on disk (None when KVGATE_INFLIGHT_JOURNAL is off).
     journal: InflightJournal | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Shares auth-cache evictions with the other gateways (KVGATE_REDIS_URL); None: this process only.
+    auth_invalidation: AuthInvalidation | None = None
+
+    async def evict_principals(self, *, key_id: str | None = None, tenant_id: str | None = None) -> None:
+        """Drop a changed key's (or tenant's) cached principals here and, with Redis, on every gateway."""
+        if self.auth_invalidation is None:
+            self.auth_cache.evict(key_id=key_id, tenant_id=tenant_id)
+        else:
+            await self.auth_invalidation.evict(Eviction(key_id=key_id, tenant_id=tenant_id))
 
     def limits_for(self, principal: Principal) -> Limits:
         return Limits(

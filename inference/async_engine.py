@@ -24,6 +24,7 @@ import structlog
 
 from inference.clock import Clock
 from inference.engine import Engine, StepOutput
+from inference.kv_event_publisher import KVEventPublisher, attach_publisher
 from inference.settings import EngineSettings
 from inference.stats import EngineStats, make_engine_stats
 from inference.types import (
@@ -143,6 +144,7 @@ class AsyncEngine:
         self._handles: dict[str, RequestHandle] = {}
         self._stopping = False
         self._dead_reason: str | None = None
+        self._publisher: KVEventPublisher | None = None
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, *, clock: Clock | None = None) -> AsyncEngine:
@@ -166,6 +168,7 @@ class AsyncEngine:
         assert loop is not None
         try:
             self.core = Engine(self.settings, clock=self._clock)
+            self._publisher = attach_publisher(self.core)
         except BaseException as exc:
             loop.call_soon_threadsafe(ready.set_exception, exc)
             return
@@ -197,6 +200,10 @@ class AsyncEngine:
             self._thread = None
         if self.core is not None:
             await _bounded(self.core.close, _left(deadline), what="engine_close")
+        publisher, self._publisher = self._publisher, None
+        if publisher is not None:
+            left = _left(deadline)
+            await _bounded(lambda: publisher.close(5.0 if left is None else left), left, what="kv_events_close")
 
     # -- properties ---------------------------------------------------------------------
 
@@ -308,13 +315,22 @@ class AsyncEngine:
 
     def _run(self) -> None:
         engine = self._engine
+        # With KV events, an idle engine still wakes up to publish expiries.
+        idle_wait_s = None if engine.kv_events is None else engine.kv_events.sweep_interval_s
         while True:
+            idle = False
             with self._wake:
                 while not self._inbox and not engine.has_unfinished() and not self._stopping:
-                    self._wake.wait()
+                    if not self._wake.wait(idle_wait_s):
+                        idle = True
+                        break
                 if self._stopping:
                     break
-                inbox, self._inbox = self._inbox, []
+                if not idle:  # (idle: what arrived since the wait timed out waits for the next turn)
+                    inbox, self._inbox = self._inbox, []
+            if idle:
+                engine.kv_events_tick()
+                continue
             outputs = self._apply(engine, inbox)
             try:
                 outputs.extend(engine.step())

@@ -18,10 +18,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import structlog
 
 from inference.hashing import BlockHash
+
+if TYPE_CHECKING:
+    from inference.kv_event_log import BlockEvents
 
 log = structlog.get_logger(__name__)
 
@@ -34,6 +38,7 @@ class KVBlock:
         "free_seq",
         "last_used",
         "next_free",
+        "parent_hash",
         "prev_free",
         "queue",
         "ref_count",
@@ -45,6 +50,7 @@ class KVBlock:
         self.block_id = block_id
         self.ref_count = 0
         self.block_hash: BlockHash | None = None
+        self.parent_hash: BlockHash | None = None  # the previous block's hash in its chain (for KV events)
         self.token_ids: tuple[int, ...] = ()
         self.ttl_s = 0
         self.expires_at = 0.0
@@ -114,6 +120,8 @@ class BlockPool:
 
     on_evict(block) is called just before an unexpired committed block's data is
     reused, so a lower tier can copy it out first. pin_share 0 turns pinning off.
+    With `events` set (attach_events), every commit is reported stored and every
+    uncache (eviction, expiry found on lookup, replacement) removed, under `medium`.
     """
 
     def __init__(
@@ -139,6 +147,20 @@ class BlockPool:
         self._num_free = num_blocks
         for block in self.blocks:
             self.empty.append(block)
+        self.events: BlockEvents | None = None
+        self.medium = "CPU"
+
+    def attach_events(self, events: BlockEvents, medium: str) -> None:
+        """Report commits and uncaches to events from now on (the pool must hold no committed block yet)."""
+        assert not self.cached, "attach events before anything is committed"
+        self.events, self.medium = events, medium
+
+    def expiry(self, block_hash: BlockHash, now: float) -> float | None:
+        """When the block would expire if nothing used it again: a block in use counts as released now."""
+        block = self.cached.get(block_hash)
+        if block is None:
+            return None
+        return now + block.ttl_s if block.ref_count > 0 else block.expires_at
 
     @property
     def num_blocks(self) -> int:
@@ -204,8 +226,17 @@ class BlockPool:
             out.append(block)
         return out
 
-    def commit(self, block: KVBlock, block_hash: BlockHash, token_ids: Sequence[int], ttl_s: int, now: float) -> bool:
-        """Register a computed full block under its hash. False if that hash is already live elsewhere."""
+    def commit(
+        self,
+        block: KVBlock,
+        block_hash: BlockHash,
+        token_ids: Sequence[int],
+        ttl_s: int,
+        now: float,
+        parent: BlockHash | None = None,
+    ) -> bool:
+        """Register a computed full block under its hash (parent: the previous block's). False if that hash is
+        already live elsewhere."""
         assert block.ref_count > 0 and block.block_hash is None
         other = self.cached.get(block_hash)
         if other is not None:
@@ -214,10 +245,14 @@ class BlockPool:
             self._uncache(other)
             self._requeue(other)
         block.block_hash = block_hash
+        block.parent_hash = parent
         block.token_ids = tuple(token_ids)
         block.ttl_s = ttl_s
         block.last_used = now
         self.cached[block_hash] = block
+        if self.events is not None:
+            # In use, it expires no sooner than a TTL from now; the log refreshes it if it lives on.
+            self.events.stored(self.medium, block_hash, parent, ttl_s, now + ttl_s)
         return True
 
     def release(self, blocks: Sequence[KVBlock], now: float) -> None:
@@ -267,7 +302,10 @@ class BlockPool:
     def _uncache(self, block: KVBlock) -> None:
         assert block.block_hash is not None
         del self.cached[block.block_hash]
+        if self.events is not None:
+            self.events.removed(self.medium, block.block_hash)
         block.block_hash = None
+        block.parent_hash = None
         block.token_ids = ()
         block.ttl_s = 0
         block.expires_at = 0.0

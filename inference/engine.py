@@ -14,10 +14,14 @@ from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
 from inference.cpu_threads import default_num_threads
+from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
 from inference.fused_ops import FusedOps
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
+from inference.kv_event_log import KVEventLog, Probe
+from inference.kv_event_publisher import KVEventPublisher
+from inference.model_fingerprint import model_fingerprint
 from inference.model_loader import LoadedModel, load_model
 from inference.model_runner import Chunk, ModelRunner
 from inference.paged_attention import KVTensors
@@ -40,6 +44,7 @@ from inference.types import (
     StructuredOutput,
     Usage,
 )
+from kvgate import kv_events
 
 log = structlog.get_logger(__name__)
 
@@ -100,7 +105,11 @@ class Engine:
             dtype=self.loaded.dtype,
             device=self.loaded.device,
         )
-        self.tiers = TierManager.from_settings(settings, self.kv_tensors.cache, self.clock)
+        fused = FusedOps.load(settings.cache_dir) if self.loaded.device.type == "cpu" else None
+        kernel = self._cpu_kernel(settings, head_dim)
+        self.tiers = TierManager.from_settings(
+            settings, self.kv_tensors.cache, self.clock, model_fingerprint=self._fingerprint(settings, kernel, fused)
+        )
         self.pool = BlockPool(
             num_blocks,
             on_evict=self.tiers.on_device_evict if self.tiers is not None else None,
@@ -109,13 +118,22 @@ class Engine:
         )
         self.hasher = BlockHasher(model_id=self.loaded.model_id, block_size=self.block_size, algo=settings.hash_algo)
         self.kv = KVCacheManager(pool=self.pool, hasher=self.hasher, clock=self.clock, tiers=self.tiers)
+        self.engine_id = settings.resolved_engine_id()
+        # KV events, when a NATS server is set (its publisher attaches as the log's sink).
+        self.kv_events: KVEventLog | None = None
+        self.kv_event_publisher: KVEventPublisher | None = None  # set by kv_event_publisher.attach_publisher
+        self._kv_probes: dict[str, Probe] = {}
+        if settings.nats_url:
+            self._collect_kv_events()
         self.scheduler = Scheduler(
             kv=self.kv,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        fused = FusedOps.load(settings.cache_dir) if self.loaded.device.type == "cpu" else None
-        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, self._cpu_kernel(settings, head_dim), fused)
+        decode = None
+        if fused is not None and settings.decode_linear == "auto":
+            decode = DecodeKernel.load(settings.cache_dir)
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused, decode_kernel=decode)
         self.vocab_size = int(cfg.vocab_size)
         self.structured = StructuredOutputs(
             self.loaded.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.loaded.eos_token_ids
@@ -132,6 +150,35 @@ class Engine:
             block_size=self.block_size,
         )
 
+    def _collect_kv_events(self) -> None:
+        """Report every block of every medium to a KVEventLog: AllBlocksCleared first, then what the tiers
+        hold already (the disk's blocks from before a restart)."""
+        log = KVEventLog(engine_id=self.engine_id, block_size=self.block_size)
+        medium = "GPU" if self.loaded.device.type == "cuda" else "CPU"
+        self.pool.attach_events(log, medium)
+        self._kv_probes = {medium: self.pool.expiry}
+        if self.tiers is not None:
+            self._kv_probes |= self.tiers.attach_events(log)
+        self.kv_events = log
+
+    @property
+    def kv_events_subject(self) -> str | None:
+        """The NATS subject of this engine's KV events; None when it publishes none."""
+        return None if self.kv_events is None else kv_events.subject(self.model_id, self.engine_id)
+
+    def kv_events_tick(self, *, sweep: bool = False) -> None:
+        """Between steps and when idle: publish expiries due (each sweep interval, or now if sweep), then the
+        step's events as one batch."""
+        if self.kv_events is None:
+            return
+        try:
+            if sweep:
+                self.kv_events.sweep(self.clock.now(), self._kv_probes)
+            self.kv_events.tick(self.clock.now(), self._kv_probes)
+        except Exception:
+            # Events are for routing, which falls back without them: a fault here must not fail requests.
+            log.exception("kv_events_tick_failed")
+
     def _cpu_kernel(self, settings: EngineSettings, head_dim: int) -> CpuPagedAttention | None:
         if settings.attention_backend == "torch" or self.loaded.device.type != "cpu":
             return None
@@ -142,6 +189,13 @@ class Engine:
             return None
         return kernel
 
+    def _fingerprint(self, settings: EngineSettings, kernel: CpuPagedAttention | None, fused: FusedOps | None) -> str:
+        """What a shared KV tier keys blocks by; "" without one (it costs a read of the weights)."""
+        if not settings.kv_redis_url:
+            return ""
+        compute = f"attn={'cpu_kernel' if kernel is not None else 'torch'},fused={int(fused is not None)}"
+        return model_fingerprint(self.loaded.path, dtype=self.loaded.dtype, device=self.loaded.device, compute=compute)
+
     def close(self) -> None:
         """Write live blocks out to the KV disk tier (if set to) and release it; the engine must not step afterwards."""
         if self.tiers is not None:
@@ -149,6 +203,8 @@ class Engine:
                 sent = self.tiers.write_out(self.pool.blocks)
                 log.info("kv_write_out_on_close", blocks=sent)
             self.tiers.close()
+        if self.kv_events is not None:
+            self.kv_events.flush()  # the write-out's stores (the publisher sends them if it can)
 
     @property
     def model_id(self) -> str:
@@ -282,8 +338,15 @@ class Engine:
 
         A failure that belongs to one request (its admission, its share of the forward
         pass, committing its blocks, sampling, detokenizing, stop checks) finishes that
-        request with an error; the others in the step go on.
+        request with an error; the others in the step go on. The step's KV events, if
+        collected, then go out as one batch.
         """
+        outputs = self._step()
+        if self.kv_events is not None:
+            self.kv_events_tick()
+        return outputs
+
+    def _step(self) -> list[StepOutput]:
         scheduled = self.scheduler.schedule()
         outputs = [self._fail_on_exception(request, exc) for request, exc in self.scheduler.take_failed()]
         work: list[tuple[ScheduledChunk, Chunk]] = []
@@ -399,6 +462,7 @@ class Engine:
             slots=self.kv.slot_ids(request, start, end),
             block_ids=[b.block_id for b in request.blocks[: self.kv.blocks_needed(end)]],
             sample=end == request.num_tokens,
+            num_prompt_tokens=request.num_prompt_tokens,
         )
 
     def _append_token(self, tracked: _Tracked, token: int) -> StepOutput:

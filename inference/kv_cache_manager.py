@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from inference.block_pool import BlockPool, KVBlock
 from inference.clock import Clock
-from inference.hashing import BlockHasher
+from inference.hashing import BlockHash, BlockHasher
 from inference.request import Request
 from inference.tiers import TIER_NAMES, TierHit, TierManager
 from inference.tiers.tier_manager import DEVICE
@@ -73,16 +73,23 @@ class KVCacheManager:
         now = self.clock.now()
         limit = min(len(request.block_hashes), (request.num_tokens - 1) // self.block_size)
         bs = self.block_size
+        keys = [(request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]) for j in range(limit)]
+        # Below the device, looked up as the walk gets there (a remote tier: a chunk per round trip).
+        below = self.tiers.lookup_prefix(keys, now) if self.tiers is not None else None
         hits: list[Hit] = []
-        for j in range(limit):
-            block_hash, tokens = request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs]
+        for j, (block_hash, tokens) in enumerate(keys):
             hit: Hit | None = self.pool.get_cached(block_hash, tokens, now)
-            if hit is None and self.tiers is not None:
-                hit = self.tiers.lookup(block_hash, tokens, now)
+            if hit is None and below is not None:
+                hit = below.get(j)
             if hit is None:
                 break
             hits.append(hit)
         return hits
+
+    def prefetch(self, hits: list[Hit]) -> bool:
+        """Start fetching the hits held by a remote tier; True when admit() would not wait for any."""
+        below = [h for h in hits if isinstance(h, TierHit)]
+        return not below or self.tiers is None or self.tiers.prefetch(below)
 
     def admit(self, request: Request, hits: list[Hit], num_new_tokens: int) -> bool:
         """Take the request's prefix hits (from find_hits) and blocks for its first chunk.
@@ -106,6 +113,8 @@ class KVCacheManager:
         now = self.clock.now()
         ttls = [request.commit_ttls[j] if j < len(request.commit_ttls) else 0 for j in range(len(hits))]
         self.pool.touch(on_device, [t for h, t in zip(hits, ttls, strict=True) if isinstance(h, KVBlock)], now)
+        if on_device and self.tiers is not None and self.tiers.shared:
+            self.tiers.share(on_device)  # their life here just grew: so does the shared copy's
         fresh: list[KVBlock] = []
         try:
             fresh = self.pool.allocate(needed, now)
@@ -150,7 +159,8 @@ class KVCacheManager:
             ttl = max(hit.entry.ttl_s, ttls[j])
             # False only if a block with this hash but other tokens (a hash collision) is live on
             # the device: this block then serves this request without being cached.
-            self.pool.commit(block, request.block_hashes[j], request.prompt_token_ids[j * bs : (j + 1) * bs], ttl, now)
+            tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
+            self.pool.commit(block, request.block_hashes[j], tokens, ttl, now, parent_of(request, j))
         return True
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
@@ -171,7 +181,10 @@ class KVCacheManager:
         for j in range(request.num_committed_blocks, upto):
             ttl = request.commit_ttls[j]
             tokens = request.prompt_token_ids[j * bs : (j + 1) * bs]
-            committed = self.pool.commit(request.blocks[j], request.block_hashes[j], tokens, ttl, now)
+            block_hash = request.block_hashes[j]
+            committed = self.pool.commit(request.blocks[j], block_hash, tokens, ttl, now, parent_of(request, j))
+            if committed and self.tiers is not None and self.tiers.shared:
+                self.tiers.share([request.blocks[j]])
             # A block recomputed after a preemption was already counted the first time.
             if committed and j >= request.num_accounted_blocks:
                 request.write_tokens_by_ttl[ttl] = request.write_tokens_by_ttl.get(ttl, 0) + bs
@@ -192,6 +205,11 @@ class KVCacheManager:
     @staticmethod
     def block_ids(blocks: Sequence[KVBlock]) -> list[int]:
         return [b.block_id for b in blocks]
+
+
+def parent_of(request: Request, j: int) -> BlockHash | None:
+    """The hash block j chains on: the previous block's; None for the first."""
+    return request.block_hashes[j - 1] if j > 0 else None
 
 
 def tier_counts(hits: Sequence[Hit], block_size: int) -> dict[str, int]:

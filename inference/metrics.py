@@ -119,6 +119,16 @@ def _engine_state(stats: EngineStats) -> Iterator[Metric]:
     yield counter("vllm:num_preemptions", "Requests preempted to free KV blocks.", stats.preemptions)
     yield gauge("vllm:num_requests_running", "Requests decoding or prefilling.", stats.running)
     yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", stats.waiting)
+    events = stats.kv_events
+    if events is not None:
+        yield counter("kvgate:kv_event_batches", "KV event batches made (the last seq).", events.batches)
+        yield counter("kvgate:kv_event_batches_published", "KV event batches published to NATS.", events.published)
+        yield counter(
+            "kvgate:kv_event_batches_dropped",
+            "KV event batches dropped (NATS down or slow): routers see a gap and resync.",
+            events.dropped,
+        )
+        yield gauge("kvgate:kv_event_live_blocks", "Blocks the published KV events say are live.", events.live_blocks)
     yield from _tier_metrics(stats)
 
 
@@ -132,6 +142,8 @@ _TIER_COUNTERS = (
     ("kvgate:kv_tier_bytes_read", "bytes_read", "Bytes copied out of a KV tier into the device."),
     ("kvgate:kv_tier_checksum_failures", "checksum_failures", "Stored blocks that failed verification (misses)."),
     ("kvgate:kv_tier_dropped_stores", "dropped_stores", "Blocks a KV tier could not store."),
+    ("kvgate:kv_tier_errors", "errors", "Calls to a remote KV tier that failed (treated as misses)."),
+    ("kvgate:kv_tier_skipped", "skipped", "Calls to a remote KV tier skipped while its circuit breaker was open."),
 )
 
 
@@ -162,7 +174,9 @@ def _tier_metrics(stats: EngineStats) -> Iterator[Metric]:
     yield from (used, total, used_bytes)
     if stats.offload_pending is not None:
         pending = GaugeMetricFamily(
-            "kvgate:kv_offload_pending", "Blocks queued for a KV tier (the disk's writer).", labels=["model_name"]
+            "kvgate:kv_offload_pending",
+            "Blocks queued for a KV tier (the disk's and Redis's writers).",
+            labels=["model_name"],
         )
         pending.add_metric([model], stats.offload_pending)
         yield pending

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from inference.cpu_attention import CpuPagedAttention, RowLayout
-from inference.cpu_linear import pack_linears
+from inference.cpu_linear import can_pack, pack_linears
+from inference.decode_linear import DecodeKernel, use_decode_kernel
 from inference.fused_ops import FusedOps, fuse_decoder_layers
 from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
 
@@ -18,6 +20,7 @@ class Chunk:
     """Positions [start, end) of one sequence to compute, with their token ids and pool slots.
 
     block_ids cover positions [0, end); sample says whether the last position's logits are needed.
+    Positions from num_prompt_tokens on hold generated tokens: decode rows (None: all are prompt rows).
     """
 
     token_ids: Sequence[int]
@@ -25,6 +28,7 @@ class Chunk:
     slots: Sequence[int]
     block_ids: Sequence[int]
     sample: bool
+    num_prompt_tokens: int | None = None
 
     @property
     def end(self) -> int:
@@ -41,6 +45,7 @@ class ModelRunner:
         kv: KVTensors,
         cpu_kernel: CpuPagedAttention | None = None,
         fused_ops: FusedOps | None = None,
+        decode_kernel: DecodeKernel | None = None,
     ) -> None:
         self.model = model
         self.kv = kv
@@ -51,6 +56,17 @@ class ModelRunner:
         self.lm_weight = _lm_head_weight(model)
         # Before packing: the fused q/k/v and gate/up projections are packed like the others.
         fuse_decoder_layers(model, fused_ops)
+        # Decode rows through our kernel: only with the CPU attention kernel (rows in any order)
+        # and where oneDNN packs the prompt rows' linears.
+        self.decode_rows = None
+        self.lm_decode_weight: torch.Tensor | None = None
+        if decode_kernel is not None and cpu_kernel is not None and can_pack(model) and self.lm_weight is not None:
+            self.decode_rows = use_decode_kernel(model, decode_kernel)
+        if self.decode_rows is not None:
+            if not hasattr(model, "kvgate_lm_decode_weight"):
+                model.kvgate_lm_decode_weight = decode_kernel.pack(self.lm_weight)
+            self.lm_decode_weight = model.kvgate_lm_decode_weight
+        self.decode_kernel = decode_kernel if self.decode_rows is not None else None
         packed = pack_linears(model) > 0 or getattr(model, "kvgate_packed", False)
         model.kvgate_packed = packed  # a second runner over the same model finds nothing left to pack
         # Single-row passes padded once per pass, for packed linears under the CPU kernel (whose
@@ -60,48 +76,81 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         """Compute the chunks' KV into the pool; return float32 logits for the chunks that sample."""
+        if self.decode_kernel is None:
+            return self._execute(chunks)
+        self.decode_kernel.begin_pass()
+        try:
+            return self._execute(chunks)
+        finally:
+            self.decode_kernel.end_pass()
+
+    def _execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
         dev = self.device
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        sample_rows: list[int] = []
-        for chunk in chunks:
-            ids.extend(chunk.token_ids)
-            positions.extend(range(chunk.start, chunk.end))
-            slots.extend(chunk.slots)
-            if chunk.sample:
-                sample_rows.append(len(ids) - 1)
-        num_rows = len(ids)
-        rows = _row_layout(chunks, positions) if self.cpu_kernel is not None else None
-        if num_rows == 1 and self.pad_single_row:
-            # A lone row (one stream decoding) runs as two rows: every packed linear would
-            # otherwise pad it with a zero row itself (see PackedLinear), four more ops per
-            # linear; this pads it once for the whole pass. Row 0 is unchanged: rows never
-            # depend on each other. Only row 0 writes its KV (slot_mapping has one entry), and
-            # the copy attends as position 0 (one key) rather than over the whole context again.
+        plan = _plan_rows(chunks, split_decode=self.decode_rows is not None)
+        ids, positions, num_rows = plan.ids, plan.positions, len(plan.ids)
+        rows = None
+        if self.cpu_kernel is not None:
+            rows = _row_layout(chunks, plan.row_seq, positions)
+        if num_rows == 1 and self.pad_single_row and plan.num_decode == 0:
+            # A lone prompt row runs as two rows: every packed linear would otherwise pad it
+            # with a zero row itself (see PackedLinear), four more ops per linear; this pads it
+            # once for the whole pass. Row 0 is unchanged: rows never depend on each other. Only
+            # row 0 writes its KV (slot_mapping has one entry), and the copy attends as position
+            # 0 (one key) rather than over the whole context again. (A lone decode row needs no
+            # padding: the decode kernel takes any number of rows.)
             ids, positions = ids * 2, positions * 2
             row_pos = torch.tensor([positions[0], 0], dtype=torch.int32)
             rows = RowLayout(rows.row_seq.repeat(2), row_pos, rows.block_tables)
         batch = AttentionBatch(
             kv=self.kv,
-            slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev),
+            slot_mapping=torch.tensor(plan.slots, dtype=torch.long, device=dev),
             seqs=_seq_slices(chunks, dev) if self.cpu_kernel is None else (),
             cpu_kernel=self.cpu_kernel,
             rows=rows,
         )
-        hidden = self.model.model(
-            input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
-            position_ids=torch.tensor([positions], dtype=torch.long, device=dev),
-            use_cache=False,
-            kv_batch=batch,
-        ).last_hidden_state[0]
+        if self.decode_rows is not None:
+            self.decode_rows.count = plan.num_decode
+        try:
+            hidden = self.model.model(
+                input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
+                position_ids=torch.tensor([positions], dtype=torch.long, device=dev),
+                use_cache=False,
+                kv_batch=batch,
+            ).last_hidden_state[0]
+        finally:
+            if self.decode_rows is not None:
+                self.decode_rows.count = 0
+        sample_rows, num_decode = plan.sample_rows, plan.num_decode
         if not sample_rows:
             return hidden.new_empty(0, 0, dtype=torch.float32)
         # Only the rows that sample go through the LM head: it is the widest matmul of the model.
         if sample_rows == list(range(num_rows)):  # every decode step: no gather
-            # A padded pass hands the LM head both rows too (no pad of its own), keeping the first.
-            return self._logits(hidden[:num_rows], head_rows=hidden)
-        return self._logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)])
+            if num_decode == num_rows:
+                return self._decode_logits(hidden[:num_rows])
+            if num_decode == 0:
+                # A padded pass hands the LM head both rows too (no pad of its own), keeping the first.
+                return self._logits(hidden[:num_rows], head_rows=hidden)
+        decode_picks = [i for i, row in enumerate(sample_rows) if row < num_decode]
+        if not decode_picks:
+            return self._logits(hidden[torch.tensor(sample_rows, dtype=torch.long, device=dev)])
+        # A mixed step: each row's logits by its own kind's path, back in chunk order.
+        prompt_picks = [i for i, row in enumerate(sample_rows) if row >= num_decode]
+        decode = self._decode_logits(hidden[[sample_rows[i] for i in decode_picks]])
+        if not prompt_picks:
+            return decode
+        prompt = self._logits(hidden[[sample_rows[i] for i in prompt_picks]])
+        logits = decode.new_empty(len(sample_rows), decode.shape[1])
+        logits[decode_picks] = decode
+        logits[prompt_picks] = prompt
+        return logits
+
+    def _decode_logits(self, rows: torch.Tensor) -> torch.Tensor:
+        """float32 logits of decode rows from the decode kernel: float32 sums, never rounded
+        to bf16, so no near-tie is decided by rounding and nothing needs rescoring."""
+        bias = getattr(self.model.lm_head, "bias", None)
+        return self.decode_kernel.linear(
+            rows.contiguous(), self.lm_decode_weight, self.lm_weight.shape[0], bias, out_dtype=torch.float32
+        )
 
     def _logits(self, rows: torch.Tensor, head_rows: torch.Tensor | None = None) -> torch.Tensor:
         """float32 logits. In bf16/fp16 the LM head rounds its outputs to a step of ~0.1 at
@@ -133,11 +182,47 @@ def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
     return model.kvgate_lm_weight
 
 
-def _row_layout(chunks: Sequence[Chunk], positions: list[int]) -> RowLayout:
+class RowPlan(NamedTuple):
+    """A pass's rows in the order they run: decode rows first (when split), then prompt rows."""
+
+    ids: list[int]
+    positions: list[int]
+    slots: list[int]
+    row_seq: list[int]  # the chunk each row belongs to
+    sample_rows: list[int]  # the row of each sampling chunk, in chunk order
+    num_decode: int
+
+
+def _plan_rows(chunks: Sequence[Chunk], split_decode: bool) -> RowPlan:
+    """Rows in chunk order; with split_decode, every chunk's decode rows (positions from its
+    num_prompt_tokens on) are moved ahead of all prompt rows, so the linears see them as one
+    leading block. Row order changes no result: every row carries its own sequence and position."""
+    kinds: tuple[list[list[int]], list[list[int]]] = ([[], [], [], []], [[], [], [], []])  # decode, prompt
+    picks: list[tuple[bool, int]] = []
+    for i, chunk in enumerate(chunks):
+        n = len(chunk.token_ids)
+        cut = n  # rows [0, cut) are prompt rows, [cut, n) decode rows
+        if split_decode and chunk.num_prompt_tokens is not None:
+            cut = min(n, max(0, chunk.num_prompt_tokens - chunk.start))
+        for kind, lo, hi in ((kinds[1], 0, cut), (kinds[0], cut, n)):
+            if lo < hi:
+                kind[0].extend(chunk.token_ids[lo:hi])
+                kind[1].extend(range(chunk.start + lo, chunk.start + hi))
+                kind[2].extend(chunk.slots[lo:hi])
+                kind[3].extend([i] * (hi - lo))
+        if chunk.sample:
+            picks.append((cut < n, len(kinds[0 if cut < n else 1][0]) - 1))
+    decode, prompt = kinds
+    num_decode = len(decode[0])
+    sample_rows = [row if is_decode else num_decode + row for is_decode, row in picks]
+    ids, positions, slots, row_seq = (d + p for d, p in zip(decode, prompt, strict=True))
+    return RowPlan(ids, positions, slots, row_seq, sample_rows, num_decode)
+
+
+def _row_layout(chunks: Sequence[Chunk], row_seq: list[int], positions: list[int]) -> RowLayout:
     # One tensor per field, built from Python lists in one call each (not one per chunk).
     width = max(len(c.block_ids) for c in chunks)
     tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks]
-    row_seq = [i for i, chunk in enumerate(chunks) for _ in range(len(chunk.token_ids))]
     return RowLayout(
         row_seq=torch.tensor(row_seq, dtype=torch.int32),
         row_pos=torch.tensor(positions, dtype=torch.int32),

@@ -1,5 +1,5 @@
-"""The engine's start-up checks, run before the model loads: the disk KV tier directory is usable
-(and, for `kvgate engine serve`, its port is free).
+"""The engine's start-up checks, run before the model loads: the disk KV tier directory is usable,
+KVGATE_NATS_URL is a NATS URL (for `kvgate engine serve`, its port is free too).
 
 A directory that cannot be written, or a disk without room for KVGATE_KV_DISK_GIB, would
 otherwise surface only after the model has loaded, or as write failures under load.
@@ -11,6 +11,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from inference.settings import EngineSettings
 from kvgate.preflight import StartupError, check_port
@@ -64,7 +65,26 @@ def check_disk_tier(settings: EngineSettings) -> None:
         )
 
 
+NATS_SCHEMES = ("nats", "tls", "ws", "wss")
+
+
+def check_nats_url(settings: EngineSettings) -> None:
+    """KVGATE_NATS_URL, if set, is one or more comma-separated NATS URLs. Whether NATS answers is not
+    checked: the engine serves without it (its KV events are dropped until it does)."""
+    if not settings.nats_url:
+        return
+    for url in settings.nats_url.split(","):
+        parts = urlsplit(url.strip())
+        if parts.scheme not in NATS_SCHEMES or not parts.hostname:
+            raise StartupError(
+                f"KVGATE_NATS_URL={settings.nats_url!r} is not a NATS URL: use e.g. nats://127.0.0.1:4222, "
+                "or unset it to publish no KV events"
+            )
+
+
 def check_engine_start(host: str, port: int, settings: EngineSettings) -> None:
-    """`kvgate engine serve`'s checks: its port, then the disk tier; StartupError (one line) on the first failure."""
+    """`kvgate engine serve`'s checks: its port, the NATS URL, then the disk tier; StartupError (one line)
+    on the first failure."""
     check_port(host, port, port_setting="--port")
+    check_nats_url(settings)
     check_disk_tier(settings)

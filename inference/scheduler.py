@@ -93,6 +93,10 @@ class Scheduler:
             request = self.waiting[0]
             try:
                 hits = self.kv.find_hits(request)
+                if out and not self.kv.prefetch(hits):
+                    # Its prefix is still coming from a remote tier: this step runs the others
+                    # while it arrives, and the request is admitted at a later step.
+                    break
                 n = self.chunk_len(request, len(hits) * self.kv.block_size, budget)
                 admitted = self.kv.admit(request, hits, n)
             except Exception as exc:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from inference.bundled_models import SMOLLM2
@@ -37,6 +39,11 @@ class EngineSettings(BaseSettings):
     attention_backend: Literal["auto", "cpu_kernel", "torch"] = Field(
         "auto", description="auto: our batch-invariant C kernel on CPU when it builds, else torch SDPA."
     )
+    decode_linear: Literal["auto", "onednn"] = Field(
+        "auto",
+        description="auto: the linears of generated tokens' rows run in kvgate's avx512_bf16 kernel on CPUs that "
+        "have it (prompt rows always run in oneDNN); onednn: every row in oneDNN.",
+    )
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
     kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")
     block_size: int = Field(16, gt=0, description="Tokens per KV block, the unit of caching.")
@@ -47,6 +54,11 @@ class EngineSettings(BaseSettings):
     max_num_seqs: int = Field(64, gt=0, description="Most requests running at once.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Prefill token budget per engine step.")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue capacity; beyond it requests are refused.")
+    drain_token: SecretStr | None = Field(
+        None,
+        description="Bearer token for the engine server's POST /drain (`kvgate engine drain`); unset: only "
+        "loopback clients may drain it.",
+    )
 
     # KV tiers below the device pool (see docs/architecture.md, "KV tiers").
     kv_host_gib: float = Field(0.0, ge=0, description="Host-memory KV tier size; 0 turns it off. Pinned on CUDA.")
@@ -70,3 +82,50 @@ class EngineSettings(BaseSettings):
     kv_offload_staging_mib: float = Field(
         64.0, gt=0, description="Host buffers for blocks on their way to disk; when all are in flight, evictions wait."
     )
+
+    # KV events (docs/architecture.md, "KV events"): what this engine's caches hold, for prefix routing.
+    nats_url: str | None = Field(
+        None,
+        description="NATS server (with JetStream) to publish KV cache events to, e.g. nats://127.0.0.1:4222; "
+        "unset: no events (gateways then route on what they sent where).",
+    )
+    engine_id: str | None = Field(
+        None,
+        description="This engine's id in KV events and GET /kv/info; unique per engine. Default: host:port "
+        "under `kvgate engine serve` (the machine's hostname when listening on all addresses), else hostname-pid.",
+    )
+    # The shared tier in Redis (docs/architecture.md, "The Redis tier").
+    kv_redis_url: str | None = Field(
+        None,
+        description="Shared KV tier in Redis (redis://host:port/db), read and written by every engine of the same "
+        "model; unset: off. Redis down or slow means recompute, never an error.",
+    )
+    kv_redis_gib: float = Field(
+        8.0,
+        gt=0,
+        description="How much of the Redis tier this engine indexes (blocks it knows to be there, for refreshes and "
+        "metrics). Redis's own maxmemory and eviction policy bound the store itself.",
+    )
+    kv_redis_chunk_blocks: int = Field(
+        32, gt=0, description="Blocks per Redis round trip: lookups, loads and stores go in pipelines of this many."
+    )
+    kv_redis_timeout_ms: int = Field(
+        500, gt=0, description="Socket timeout of Redis calls; a call past it counts as Redis down (recompute)."
+    )
+    kv_redis_queue_mib: float = Field(
+        128.0,
+        gt=0,
+        description="Blocks queued for the Redis writer thread at most; beyond that stores are dropped, never waited.",
+    )
+
+    def resolved_engine_id(self) -> str:
+        """engine_id, or hostname-pid when unset."""
+        return self.engine_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @field_validator("kv_redis_url")
+    @classmethod
+    def _redis_url_scheme(cls, url: str | None) -> str | None:
+        # A typo must stop the engine at start with this line, not read as "Redis down" forever.
+        if url and not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("KVGATE_KV_REDIS_URL must start with redis://, rediss:// or unix://")
+        return url

@@ -31,6 +31,16 @@ class TierSnapshot:
 
 
 @dataclass(frozen=True)
+class KVEventCounts:
+    """KV event publishing (docs/architecture.md, "KV events"): batches made, sent to NATS, dropped."""
+
+    batches: int  # the last seq
+    published: int
+    dropped: int  # NATS down, a publish failed, or the queue overflowed: routers see a gap
+    live_blocks: int  # blocks the published events say are live, over all media
+
+
+@dataclass(frozen=True)
 class EngineStats:
     model_id: str
     prefix_cache_queries: int  # prompt tokens looked up in the prefix cache
@@ -44,6 +54,7 @@ class EngineStats:
     waiting: int
     tiers: tuple[TierSnapshot, ...]
     offload_pending: int | None  # blocks queued for the disk tier; None without one
+    kv_events: KVEventCounts | None = None  # None when the engine publishes no KV events
 
     @property
     def kv_cache_usage(self) -> float:
@@ -77,7 +88,16 @@ def make_engine_stats(core: Engine) -> EngineStats:
         waiting=core.num_waiting,
         tiers=tuple(_tier_snapshot(tier) for tier in tiers),
         offload_pending=core.tiers.num_pending_stores if core.tiers is not None else None,
+        kv_events=_kv_event_counts(core),
     )
+
+
+def _kv_event_counts(core: Engine) -> KVEventCounts | None:
+    log, publisher = core.kv_events, core.kv_event_publisher
+    if log is None:
+        return None
+    published, dropped = (publisher.published, publisher.dropped) if publisher is not None else (0, 0)
+    return KVEventCounts(batches=log.seq, published=published, dropped=dropped, live_blocks=len(log))
 
 
 def _tier_snapshot(tier: Any) -> TierSnapshot:

@@ -84,7 +84,7 @@ class Usage:
     splits the writes by TTL in seconds (e.g. {300: 1024, 3600: 2048}).
     cached_tokens_by_tier splits the reads by the tier each block was found in, by
     tier name: "device", then the tiers below in order (inference.tiers.TIER_NAMES:
-    "host", "disk"). An admitted request lists every name, zeros included; a missing
+    "host", "disk", "redis"). An admitted request lists every name, zeros included; a missing
     name means 0, and the values sum to cached_tokens.
     """
 

@@ -15,7 +15,6 @@ from billing import models as billing_models
 from billing.hooks import create_billing_hooks
 from gateway import app as gateway_app
 from gateway import responses_store
-from gateway.backends.embedded import EmbeddedEngine
 from gateway.billing_hooks import BillingHooks
 from gateway.ratelimit import RateLimiter
 from gateway.settings import GatewaySettings
@@ -38,7 +37,7 @@ def load_models() -> MetaData:
 def create_app(
     settings: GatewaySettings | None = None,
     *,
-    engine_factory: gateway_app.EngineFactory = EmbeddedEngine.from_settings,
+    engine_factory: gateway_app.EngineFactory | None = None,
     billing: BillingHooks | None = None,
     recorder: UsageRecorder | None = None,
     limiter: RateLimiter | None = None,

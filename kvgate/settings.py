@@ -19,4 +19,8 @@ class KvgateSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KVGATE_", env_file=ENV_FILE, extra="ignore")
 
     database_url: str = Field(DEFAULT_DATABASE_URL, description="sqlite:///path or postgresql://...")
-    redis_url: str | None = Field(None, description="Share rate-limit buckets across processes via Redis.")
+    redis_url: str | None = Field(
+        None,
+        description="Redis shared by the gateways: rate-limit buckets, and auth-cache evictions on revoke or "
+        "suspend (every gateway drops the key at once; docs/deployment.md).",
+    )

@@ -93,6 +93,11 @@ class UsageRecord(Base):
     ttft_ms: Mapped[int | None] = mapped_column(Integer)
     latency_ms: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(32))
+    # Where the request ran (migration 0007): backend "embedded", "kvgate" or "vllm" (whose cache writes are
+    # derived by the gateway, gateway/backends/http_wire.py), the engine's id, and the router's predicted reads.
+    backend: Mapped[str | None] = mapped_column(String(16))
+    engine_id: Mapped[str | None] = mapped_column(String(200))
+    predicted_cached_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ServerState(Base):

@@ -138,6 +138,12 @@ class UsageEvent:
     ttft_ms: int | None
     latency_ms: int
     status: UsageStatus
+    # Where it ran (gateway.backends.base.Placement): "embedded", "kvgate" or "vllm", and the engine's id;
+    # None when no engine took it (recovered from the in-flight journal, or refused by every engine).
+    backend: str | None = None
+    engine_id: str | None = None
+    # The router's expectation of cache_read; recorded to compare with it, never billed.
+    predicted_cached_tokens: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The event as a usage_records row."""
@@ -152,6 +158,9 @@ class UsageEvent:
             "ttft_ms": self.ttft_ms,
             "latency_ms": self.latency_ms,
             "status": self.status,
+            "backend": self.backend,
+            "engine_id": self.engine_id,
+            "predicted_cached_tokens": self.predicted_cached_tokens,
         }
 
 

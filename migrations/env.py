@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from sqlalchemy import engine_from_config, pool, text
 
 from kvgate.app import load_models
 from kvgate.db import sync_url
 
 config = context.config
+# PostgreSQL advisory lock key held while migrating ("kvgate migrate" as a number).
+MIGRATION_LOCK_KEY = 0x6B76_6761_7465_6D67
 target_metadata = load_models()
 
 
@@ -48,6 +50,12 @@ def run_migrations_online() -> None:
         return
     engine = engine_from_config({"sqlalchemy.url": _url()}, prefix="sqlalchemy.", poolclass=pool.NullPool)
     with engine.connect() as connection:
+        if connection.dialect.name == "postgresql":
+            # Gateways started together (replicas, a Compose file) would race to create the same
+            # tables: one migrates at a time, and the others then find the database at head.
+            # Session-level, released when the connection closes.
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+            connection.commit()
         _configure(connection=connection)
         with context.begin_transaction():
             context.run_migrations()

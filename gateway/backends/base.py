@@ -8,10 +8,22 @@ satisfies them too. Tests always use the real engine.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from inference.stats import EngineStats
 from inference.types import CacheSpec, RequestOutput, SamplingParams, TokenDelta, Usage
+
+
+class Placement(NamedTuple):
+    """Where a request ran, for its usage record. A Handle may carry one as `placement` (optional: the
+    gateway takes EMBEDDED for a handle without it)."""
+
+    backend: str  # "embedded", "kvgate" (a `kvgate engine serve`), "vllm" (vLLM's OpenAI server)
+    engine_id: str  # the engine's id (/kv/info), its base URL where it has none, "embedded" in process
+    predicted_cached_tokens: int | None = None  # what the router expected it to read; never billed
+
+
+EMBEDDED = Placement("embedded", "embedded")
 
 
 class Handle(Protocol):

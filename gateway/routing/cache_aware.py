@@ -13,19 +13,27 @@ waiting ahead).
 Three rules keep prefix affinity from piling everything on one engine:
 - imbalance: when the busiest engine has more than `imbalance_abs` requests in flight above the
   least busy AND more than `imbalance_rel` times as many, the least loaded engine gets the request
-  (SGLang's cache_aware policy does the same, at 64 and 1.5 for GPU servers; kvgate's engines
-  batch fewer requests, so 16);
+  (SGLang's cache_aware policy does the same, by default at 32 and 1.0001 for GPU servers;
+  kvgate's CPU engines batch fewer requests, so 16, and 1.5 so that two busy engines a few
+  requests apart do not count as imbalanced);
 - minimum match: an engine's match shorter than `min_match_blocks` counts as none;
-- popular prefixes: a block where many recent requests' best match ended (a shared system prompt
-  that sessions then diverge from: `popular_requests` requests within about `popular_half_life_s`)
-  counts as none too, so those requests go by load and the prefix spreads to every engine they
-  land on; among equal costs an engine that holds it still wins. A session's later turns match
-  past it, to their own blocks, and stick.
+- popular prefixes: a match ending at a block where many recent requests' best matches ended (a
+  shared system prompt that sessions then diverge from: `popular_requests` requests within about
+  `popular_half_life_s`) is credited at most `popular_spread_load` requests' worth of load
+  (w_load each): its holders share those requests by load, and once every holder is that much
+  busier than some other engine, the other engine gets them and the prefix spreads, one replica
+  at a time rather than to every engine (0: popular prefixes go by load alone). Among equal costs
+  a holder wins. A session's later turns match past the shared part, to their own blocks, and
+  stick.
 
 Ties go by a stable hash of the request's first block and the engine: a prefix's requests agree,
 different prefixes spread. Without events for an engine (no NATS, a vLLM engine), the router
 inserts the hashes it routed there with the request's TTL (BlockIndex.insert_routed), so a
-session's next turn follows. Pure: no I/O; the caller passes `now` (epoch seconds).
+session's next turn follows. With events it inserts them for `pending_s` only: the time until the
+engine's own BlockStored arrive, so that a burst of one new prefix stays together.
+
+Pure: no I/O; the caller passes `now`, wall-clock epoch seconds (time.time(), the clock of the
+events' expiries; a monotonic clock would make event-fed entries outlive their expiry).
 """
 
 from __future__ import annotations
@@ -46,8 +54,9 @@ if TYPE_CHECKING:
     from gateway.settings import GatewaySettings
 
 
-class NoHealthyEngine(RuntimeError):
-    """No engine in `loads` is healthy: the caller answers 503/529, it does not retry here."""
+class NoHealthyEngine(LookupError):
+    """No engine in `loads` is healthy (a LookupError, as the least-loaded router raises): the caller
+    answers 503/529, it does not retry here."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,8 @@ class RouteWeights:
     imbalance_rel: float = 1.5  # ... and busiest above this × least busy: send to the least busy
     popular_requests: float = 8.0  # requests whose best match ended at one block within ~half-life
     popular_half_life_s: float = 30.0
+    popular_spread_load: float = 4.0  # a popular prefix's credit, in requests in flight
+    pending_s: float = 10.0  # event-fed engines: a routed prefix is assumed there until its events arrive
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> RouteWeights:
@@ -76,6 +87,8 @@ class RouteWeights:
             imbalance_rel=settings.route_imbalance_rel,
             popular_requests=settings.route_popular_requests,
             popular_half_life_s=settings.route_popular_half_life_s,
+            popular_spread_load=settings.route_popular_spread_load,
+            pending_s=settings.route_pending_s,
         )
 
 
@@ -88,7 +101,9 @@ class CacheAwareRouter:
 
     `has_events(engine_id)`: whether that engine's events reach the index (the event consumer's
     `covers`); engines without get fallback insertions. `shared_readers`: engines with the shared
-    tier (None: all). `block_size` turns blocks into the metrics' tokens.
+    tier (None: all). `block_size` turns blocks into the metrics' tokens. `engine_weights` (the pool's,
+    read at each call; missing engines weigh 1): an engine of weight 2 counts half its load, in the cost
+    and in the imbalance rule.
     """
 
     def __init__(
@@ -100,8 +115,10 @@ class CacheAwareRouter:
         has_events: Callable[[str], bool] = _never,
         shared_readers: Collection[str] | None = None,
         metrics: RoutingMetrics | None = None,
+        engine_weights: Mapping[str, float] | None = None,
         max_tracked_prefixes: int = 4096,
     ) -> None:
+        self.engine_weights = engine_weights if engine_weights is not None else {}
         self.index = index if index is not None else BlockIndex()
         self.weights = weights or RouteWeights()
         self.block_size = block_size
@@ -125,6 +142,10 @@ class CacheAwareRouter:
         decision = self._decide(block_hashes, healthy, loads, matches, now)
         if not self.has_events(decision.engine):
             self.index.insert_routed(decision.engine, block_hashes, ttl_s, now=now)
+        elif self.weights.pending_s > 0:
+            # Until the engine's own events say so (after its prefill), a burst of requests with this new
+            # prefix would otherwise scatter; the events, a removal or a resync then overrule the guess.
+            self.index.insert_routed(decision.engine, block_hashes, min(ttl_s, self.weights.pending_s), now=now)
         if self.metrics is not None:
             self.metrics.decisions.labels(decision.engine, decision.reason).inc()
         return decision
@@ -144,7 +165,7 @@ class CacheAwareRouter:
         healthy = [engine_id for engine_id, load in loads.items() if load.healthy]
         matches = self.index.match(block_hashes, healthy, now=now, shared_readers=self.shared_readers)
         popular = self._popular(block_hashes, matches, now, count=False)
-        return {e: self._cost(len(block_hashes), self._counted(matches[e], popular), loads[e]) for e in healthy}
+        return {e: self._cost(len(block_hashes), matches[e], popular, e, loads[e]) for e in healthy}
 
     # -- the decision -------------------------------------------------------------------------------
 
@@ -161,47 +182,51 @@ class CacheAwareRouter:
             engine_id = healthy[0]
             return RouteDecision(engine_id, matches[engine_id].total, "single")
         popular = self._popular(block_hashes, matches, now, count=True)
-        if self._imbalanced([loads[e] for e in healthy]):
-            engine_id = min(healthy, key=lambda e: (loads[e].active, loads[e].queued_prefill_tokens, _tie(key, e)))
+        if self._imbalanced({e: loads[e] for e in healthy}):
+            engine_id = min(
+                healthy,
+                key=lambda e: (loads[e].active / self._weight(e), loads[e].queued_prefill_tokens, _tie(key, e)),
+            )
             return RouteDecision(engine_id, matches[engine_id].total, "imbalance")
         B = len(block_hashes)
         engine_id = min(
             healthy,
             key=lambda e: (
-                self._cost(B, self._counted(matches[e], popular), loads[e]),
+                self._cost(B, matches[e], popular, e, loads[e]),
                 -matches[e].total,
                 _tie(key, e),
             ),
         )
         chosen = matches[engine_id]
-        if self._counted(chosen, popular).total > 0:
-            reason = "prefix"
-        elif popular and chosen.total > 0:
+        if self._credit(chosen, popular) == 0:
+            reason = "least_loaded"
+        elif popular:
             reason = "popular"
         else:
-            reason = "least_loaded"
+            reason = "prefix"
         return RouteDecision(engine_id, chosen.total, reason)
 
-    def _cost(self, blocks: int, match: PrefixMatch, load: EngineLoad) -> float:
+    def _weight(self, engine_id: str) -> float:
+        weight = self.engine_weights.get(engine_id, 1.0)
+        return weight if weight > 0 else 1.0
+
+    def _cost(self, blocks: int, match: PrefixMatch, popular: bool, engine_id: str, load: EngineLoad) -> float:
         w = self.weights
-        return (
-            blocks
-            - match.device
-            - w.alpha * match.lower
-            - w.beta * match.shared
-            + w.w_load * load.active
-            + w.w_queue * load.queued_prefill_tokens
-        )
+        busy = (w.w_load * load.active + w.w_queue * load.queued_prefill_tokens) / self._weight(engine_id)
+        return blocks - self._credit(match, popular) + busy
 
-    def _counted(self, match: PrefixMatch, popular: bool) -> PrefixMatch:
-        """The part of a match the cost credits: none when too short or when it is a popular prefix."""
-        if popular or match.total < self.weights.min_match_blocks:
-            return PrefixMatch(0, 0, 0)
-        return match
+    def _credit(self, match: PrefixMatch, popular: bool) -> float:
+        """What a match takes off the cost: g + α·h + β·r; none when shorter than the minimum, and at most
+        popular_spread_load requests' worth when the prefix is popular."""
+        w = self.weights
+        if match.total < w.min_match_blocks:
+            return 0.0
+        credit = match.device + w.alpha * match.lower + w.beta * match.shared
+        return min(credit, w.w_load * w.popular_spread_load) if popular else credit
 
-    def _imbalanced(self, loads: list[EngineLoad]) -> bool:
-        busiest = max(load.active for load in loads)
-        least = min(load.active for load in loads)
+    def _imbalanced(self, loads: dict[str, EngineLoad]) -> bool:
+        busiest = max(load.active / self._weight(e) for e, load in loads.items())
+        least = min(load.active / self._weight(e) for e, load in loads.items())
         w = self.weights
         return busiest - least > w.imbalance_abs and busiest > w.imbalance_rel * least
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +37,15 @@ from nats.js.api import DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import BadRequestError, NotFoundError
 
 from gateway.routing.index import BlockIndex
-from kvgate.kv_events import STREAM_NAME, SUBJECT_PREFIX, KVEventBatch, KVSnapshot, decode_batch, model_subjects
+from kvgate.kv_events import (
+    STREAM_NAME,
+    SUBJECT_PREFIX,
+    KVEventBatch,
+    KVSnapshot,
+    SnapshotBlock,
+    decode_batch,
+    model_subjects,
+)
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
@@ -48,6 +57,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kvgate.gateway.routing")
 
 STREAM_MAX_AGE_S = 3600.0
+SNAPSHOT_SLICE = 5000  # blocks added to the index between yields to the event loop (a few ms each)
 
 
 async def ensure_stream(js: JetStreamContext) -> None:
@@ -64,6 +74,28 @@ async def ensure_stream(js: JetStreamContext) -> None:
         await js.add_stream(config)
     except BadRequestError:
         await js.stream_info(STREAM_NAME)  # created by another process in between: it exists now
+
+
+class _SnapshotBlockJSON(msgspec.Struct):
+    block_hash: str
+    medium: str
+    expires_at: float | None = None  # JSON has no infinity: msgspec writes an unending block's as null
+
+
+class _SnapshotJSON(msgspec.Struct):
+    engine_id: str
+    seq: int
+    blocks: list[_SnapshotBlockJSON]
+
+
+def decode_snapshot(data: bytes) -> KVSnapshot:
+    """A `GET /kv/snapshot` body (KVSnapshot as JSON); a null expiry (a block that never expires) reads as
+    infinity. Raises msgspec.DecodeError on anything else."""
+    raw = msgspec.json.decode(data, type=_SnapshotJSON)
+    blocks = [
+        SnapshotBlock(b.block_hash, b.medium, math.inf if b.expires_at is None else b.expires_at) for b in raw.blocks
+    ]
+    return KVSnapshot(raw.engine_id, raw.seq, blocks)
 
 
 @dataclass
@@ -221,7 +253,10 @@ class KVEventConsumer:
         log.info("kv_events_subscribed", subject=model_subjects(self.model_id))
 
     async def _on_message(self, msg: Msg) -> None:
-        self.handle(msg.data)
+        try:
+            self.handle(msg.data)
+        except Exception as exc:  # a bug or a batch the index cannot take: one message lost, never the consumer
+            log.exception("kv_events_message_failed", error=str(exc) or type(exc).__name__)
 
     # -- batches ------------------------------------------------------------------------------------
 
@@ -302,6 +337,15 @@ class KVEventConsumer:
                 raise
             except Exception as exc:
                 log.warning("kv_resync_failed", engine=engine_id, attempt=attempt + 1, error=str(exc) or repr(exc))
+        if snapshot is not None:
+            # In slices, yielding between them: the gateway keeps serving meanwhile, and this engine's
+            # batches keep being buffered until the whole snapshot is in.
+            self.index.forget_engine(engine_id)
+            for start in range(0, len(snapshot.blocks), SNAPSHOT_SLICE):
+                self.index.add_snapshot_blocks(
+                    engine_id, snapshot.blocks[start : start + SNAPSHOT_SLICE], now=self._now()
+                )
+                await asyncio.sleep(0)
         pending, state.buffer = sorted(state.buffer, key=lambda b: b.seq), []
         state.resyncing = False
         if snapshot is None:
@@ -312,7 +356,6 @@ class KVEventConsumer:
             if self.metrics is not None:
                 self.metrics.resyncs.labels(engine_id, "failed").inc()
             return
-        self.index.replace_engine(engine_id, snapshot, now=self._now())
         state.last_seq, state.failed = snapshot.seq, False
         if self.metrics is not None:
             self.metrics.resyncs.labels(engine_id, "ok").inc()
@@ -328,7 +371,8 @@ class KVEventConsumer:
         assert self._http is not None, "start() first"
         response = await self._http.get(f"{base_url.rstrip('/')}/kv/snapshot")
         response.raise_for_status()
-        snapshot = msgspec.json.decode(response.content, type=KVSnapshot)
+        # Off the event loop: an engine with large tiers sends a large snapshot.
+        snapshot = await asyncio.to_thread(decode_snapshot, response.content)
         if snapshot.engine_id != engine_id:
             raise ValueError(f"{base_url} answers as engine {snapshot.engine_id!r}, not {engine_id!r}")
         return snapshot

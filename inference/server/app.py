@@ -9,7 +9,9 @@ from fastapi import FastAPI
 
 from inference.async_engine import AsyncEngine
 from inference.metrics import EngineMetrics
+from inference.server.drain_routes import router as drain_router
 from inference.server.errors import install_error_handlers
+from inference.server.kv_routes import router as kv_router
 from inference.server.routes import router
 from inference.server.state import ServerState
 
@@ -38,4 +40,6 @@ def create_app(engine: AsyncEngine, *, shutdown_timeout_s: float | None = None) 
     app.state.kvgate = ServerState(engine=engine, metrics=EngineMetrics(engine))
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(kv_router)
+    app.include_router(drain_router)
     return app

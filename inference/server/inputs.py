@@ -32,6 +32,7 @@ class EngineInputs:
     cache: CacheSpec
     stream: bool
     include_usage: bool
+    continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's continuous_usage_stats)
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -51,7 +52,8 @@ def completion_inputs(body: CompletionRequest, engine: AsyncEngine) -> EngineInp
     ):
         if unsupported:
             raise bad_request(f"{name} is not supported by this server", name)
-    return _inputs(body, _completion_prompt(body, engine), body.max_tokens, engine)
+    inputs = _inputs(body, _completion_prompt(body, engine), body.max_tokens, engine)
+    return _with_structured(inputs, response_format(body.response_format) or structured_outputs(body))
 
 
 def chat_inputs(body: ChatCompletionRequest, engine: AsyncEngine) -> EngineInputs:
@@ -69,8 +71,38 @@ def chat_inputs(body: ChatCompletionRequest, engine: AsyncEngine) -> EngineInput
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from exc
     max_tokens = body.max_completion_tokens or body.max_tokens
     inputs = _inputs(body, engine.encode(text), max_tokens, engine)
-    structured = response_format(body.response_format)
+    return _with_structured(inputs, response_format(body.response_format) or structured_outputs(body))
+
+
+def _with_structured(inputs: EngineInputs, structured: StructuredOutput | None) -> EngineInputs:
     return replace(inputs, params=replace(inputs.params, structured=structured)) if structured else inputs
+
+
+def structured_outputs(body: SamplingFields) -> StructuredOutput | None:
+    """vLLM's `structured_outputs`: one of json (a schema), json_object, or grammar (llguidance's Lark)."""
+    spec = body.structured_outputs
+    if not spec:
+        return None
+    given = [key for key in ("json", "json_object", "grammar") if spec.get(key) not in (None, False)]
+    if len(given) != 1 or set(spec) - {"json", "json_object", "grammar"}:
+        raise bad_request(
+            "structured_outputs must hold exactly one of json, json_object or grammar", "structured_outputs"
+        )
+    kind = given[0]
+    value = spec[kind]
+    try:
+        if kind == "json_object":
+            structured = StructuredOutput("json_object")
+        elif kind == "json":
+            structured = StructuredOutput("json_schema", value if isinstance(value, str) else json.dumps(value))
+        elif isinstance(value, str):
+            structured = StructuredOutput("grammar", value)
+        else:
+            raise ValueError("structured_outputs.grammar must be a string")
+        check_structured(structured)
+    except (TypeError, ValueError, InvalidRequestError) as exc:
+        raise bad_request(str(exc), "structured_outputs") from exc
+    return structured
 
 
 def response_format(value: dict[str, Any] | None) -> StructuredOutput | None:
@@ -138,4 +170,7 @@ def _inputs(body: SamplingFields, prompt: list[int], max_tokens: int | None, eng
         cache=CacheSpec(salt=body.cache_salt, regions=regions),
         stream=bool(body.stream),
         include_usage=body.stream_options is not None and body.stream_options.include_usage,
+        continuous_usage=body.stream_options is not None
+        and body.stream_options.include_usage
+        and body.stream_options.continuous_usage_stats,
     )

@@ -37,6 +37,10 @@ class _Body(BaseModel):
 class StreamOptions(_Body):
     # vLLM's default: asking for stream options at all means wanting the usage chunk.
     include_usage: bool = True
+    # vLLM's option: every chunk carries the usage so far. Ours then includes the prompt's cache
+    # accounting (prompt_tokens_details), exact from the first text chunk on, since prefill is done
+    # by then: what gateway.backends.http needs before it hands out the first delta.
+    continuous_usage_stats: bool = False
 
 
 class CacheRegionIn(_Body):
@@ -64,6 +68,8 @@ class SamplingFields(_Body):
     user: str | None = None
     cache_salt: str | None = Field(None, max_length=MAX_SALT_CHARS)
     cache_regions: list[CacheRegionIn] | None = Field(None, max_length=MAX_REGIONS)
+    # vLLM's structured outputs: {"json": schema} | {"json_object": true} | {"grammar": "..."} (llguidance Lark).
+    structured_outputs: dict[str, Any] | None = None
 
     @field_validator("cache_salt")
     @classmethod
@@ -88,6 +94,8 @@ class CompletionRequest(SamplingFields):
     best_of: Annotated[int, Field(ge=1, le=INT32_MAX)] | None = None
     suffix: str | None = None
     add_special_tokens: bool = True
+    # As vLLM's completions take it: text, json_object or json_schema.
+    response_format: dict[str, Any] | None = None
 
 
 class TextPart(_Body):
@@ -118,7 +126,7 @@ class ChatCompletionRequest(SamplingFields):
 class PromptTokensDetails(BaseModel):
     cached_tokens: int
     cache_write_tokens: int
-    # Tier name -> tokens read from it: "device", then each tier below ("host", "disk").
+    # Tier name -> tokens read from it: "device", then each tier below ("host", "disk", "redis").
     cached_tokens_by_tier: dict[str, int]
     # TTL in seconds (as a string key) -> tokens written: what billing prices per TTL.
     cache_write_tokens_by_ttl: dict[str, int]

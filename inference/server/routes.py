@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.responses import JSONResponse
 
+from inference.server.drain import DRAINING
 from inference.server.errors import error_response
 from inference.server.inputs import EngineInputs, chat_inputs, completion_inputs
 from inference.server.outputs import CHAT, COMPLETION, OutputFormat, ResponseContext, new_id
@@ -29,13 +30,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request, state:
 
 
 async def _generate(request: Request, state: ServerState, inputs: EngineInputs, fmt: OutputFormat) -> Response:
+    if state.drain.draining:  # checked and submitted in one turn of the loop: none slips past a drain
+        return error_response(503, "draining: this engine takes no new requests")
     ctx = ResponseContext(id=new_id(fmt.id_prefix), model=state.engine.model_id, params=inputs.params)
     # Raises InvalidRequestError (400), EngineOverloadedError or EngineUnavailableError (503) before anything is
     # queued.
     handle = state.engine.submit(inputs.prompt_token_ids, inputs.params, inputs.cache, request_id=ctx.id)
     state.watch(handle)
     if inputs.stream:
-        return EventStreamResponse(events(handle, fmt, ctx, inputs.include_usage))
+        return EventStreamResponse(events(handle, fmt, ctx, inputs.include_usage, inputs.continuous_usage))
     output = await result_unless_disconnected(handle, request)
     if output is None:
         return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
@@ -53,7 +56,10 @@ async def models(state: State) -> ModelList:
 
 @router.get("/health")
 async def health(state: State) -> Response:
-    """200 while the engine serves; 503 with the reason once its thread has died (as vLLM's /health)."""
+    """200 while the engine serves; 503 with the reason once its thread has died (as vLLM's /health), or with
+    "draining" once a drain began (inference/server/drain.py)."""
+    if state.drain.draining:
+        return error_response(503, DRAINING)
     reason = state.engine.dead_reason
     if reason is not None:
         return error_response(503, f"the engine died: {reason}")

@@ -10,6 +10,7 @@ from fastapi import Request
 
 from inference.async_engine import AsyncEngine, RequestHandle
 from inference.metrics import EngineMetrics
+from inference.server.drain import Drain
 
 log = structlog.get_logger(__name__)
 
@@ -18,7 +19,18 @@ log = structlog.get_logger(__name__)
 class ServerState:
     engine: AsyncEngine
     metrics: EngineMetrics
+    drain: Drain = field(default_factory=Drain)
     _watchers: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests submitted to the engine and not finished yet."""
+        return len(self._watchers)
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight (including any submitted while waiting)."""
+        while self._watchers:
+            await asyncio.wait(set(self._watchers))
 
     def watch(self, handle: RequestHandle) -> None:
         """Record the request's metrics and log it when it finishes, however its response ends."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import anyio
 from pydantic import BaseModel
@@ -19,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from inference.async_engine import RequestHandle
 from inference.server.errors import error_body
-from inference.server.outputs import OutputFormat, ResponseContext
+from inference.server.outputs import OutputFormat, ResponseContext, usage_info
 from inference.types import RequestOutput
 
 DONE = b"data: [DONE]\n\n"
@@ -38,18 +39,32 @@ def failure(output: RequestOutput) -> tuple[int, str]:
 
 
 async def events(
-    handle: RequestHandle, fmt: OutputFormat, ctx: ResponseContext, include_usage: bool
+    handle: RequestHandle, fmt: OutputFormat, ctx: ResponseContext, include_usage: bool, continuous_usage: bool = False
 ) -> AsyncIterator[bytes]:
-    """The SSE chunks of one streamed response, ending with [DONE]; an engine failure is an error chunk."""
+    """The SSE chunks of one streamed response, ending with [DONE]; an engine failure is an error chunk.
+
+    continuous_usage: each text chunk carries the usage so far, prompt cache accounting included (the
+    engine sets it before the first delta), and completion_tokens counting the tokens of the text sent
+    up to and with that chunk.
+    """
     try:
         if (opening := fmt.opening(ctx)) is not None:
             yield sse(opening)
+        completion_tokens = 0
         async for delta in handle:
+            completion_tokens += len(delta.token_ids)
             if delta.text:
-                yield sse(fmt.text(ctx, delta.text))
+                chunk = fmt.text(ctx, delta.text)
+                if continuous_usage and handle.prompt_usage is not None:
+                    so_far = replace(handle.prompt_usage, completion_tokens=completion_tokens)
+                    chunk = chunk.model_copy(update={"usage": usage_info(so_far)})
+                yield sse(chunk)
         output = await handle.result()
         if output.finish_reason in ("stop", "length"):
-            yield sse(fmt.finish(ctx, output))
+            finish = fmt.finish(ctx, output)
+            if continuous_usage:  # as vLLM: the finish chunk carries the usage too
+                finish = finish.model_copy(update={"usage": usage_info(output.usage)})
+            yield sse(finish)
             if include_usage:
                 yield sse(fmt.usage(ctx, output.usage))
         else:

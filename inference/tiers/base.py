@@ -111,11 +111,35 @@ class KVTier(Protocol):
         ...
 
 
+@runtime_checkable
+class BatchedLookup(Protocol):
+    """Optional, for a tier where each call is a round trip (a remote store): look up a run of blocks at once.
+
+    TierManager.lookup_prefix uses it, when a tier has it, for the consecutive blocks of
+    one request; lookup() still serves single blocks.
+    """
+
+    def lookup_many(self, keys: Sequence[tuple[BlockHash, Sequence[int]]], now: float) -> list[TierEntry | None]:
+        """What lookup() would return for each of a leading part of keys (at least one), in one round trip."""
+        ...
+
+
+@runtime_checkable
+class Prefetching(Protocol):
+    """Optional, for a tier whose loads wait on the network: start them early, so other work runs meanwhile."""
+
+    def prefetch(self, entries: Sequence[TierEntry]) -> bool:
+        """Start fetching entries (from lookup) if not started; True when all are in and load() will not wait."""
+        ...
+
+
 class KVTierType(Protocol):
     """A tier class: builds its tier from the engine settings, or None when they turn it off."""
 
     name: str
 
     def from_settings(
-        self, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool
-    ) -> KVTier | None: ...
+        self, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool, model_fingerprint: str
+    ) -> KVTier | None:
+        """model_fingerprint (inference.model_fingerprint) names the KV this engine computes, for a shared tier."""
+        ...

@@ -12,6 +12,9 @@ worker never overwrites their slots mid-read. Records are written with O_DIRECT
 where the filesystem supports it: on a CPU-bound host a buffered write costs twice
 the CPU (a copy into the page cache, then writeback), taken from the model's
 threads. Reads stay buffered, so a block read twice comes from the page cache.
+
+KV events (attach_events): stores, refreshes and removals are reported under the
+mutex, from whichever thread makes them, so their order is the index's order.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from inference.tiers.stats import TierStats
 from inference.tiers.transfer import copy_block, wait
 
 if TYPE_CHECKING:
+    from inference.kv_event_log import BlockEvents
     from inference.settings import EngineSettings
 
 log = structlog.get_logger(__name__)
@@ -105,6 +109,8 @@ class DiskTier:
         self._direct_fds: dict[int, int] = {}  # O_DIRECT (or buffered, where unsupported): record writes
         self._free_slots: list[int] = []
         self._closed = False
+        self.events: BlockEvents | None = None
+        self.medium = "DISK"
         self._rebuild(clock.now())
         # A load reads into this buffer, verifies it, then copies it to the device.
         self._read_buffer = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
@@ -122,7 +128,13 @@ class DiskTier:
 
     @classmethod
     def from_settings(
-        cls, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool
+        cls,
+        settings: EngineSettings,
+        layout: BlockLayout,
+        *,
+        clock: Clock,
+        pin_memory: bool,
+        model_fingerprint: str = "",
     ) -> DiskTier | None:
         """KVGATE_KV_DISK_DIR, KVGATE_KV_DISK_GIB (or _BLOCKS); None without a directory."""
         blocks = settings.kv_disk_blocks
@@ -151,6 +163,29 @@ class DiskTier:
     @property
     def num_pending_stores(self) -> int:
         return 0 if self.worker is None else self.worker.num_pending
+
+    # -- KV events --------------------------------------------------------------------------
+
+    def attach_events(self, events: BlockEvents, medium: str) -> None:
+        """Report this tier's blocks to events from now on, starting with those it holds (found at start-up)."""
+        with self._mutex:
+            self.events, self.medium = events, medium
+            for entry in self.index.lru_order():
+                self._report_stored(entry)
+
+    def expiry(self, block_hash: BlockHash, now: float) -> float | None:
+        """The block's expiry here, or None when it is not here."""
+        with self._mutex:
+            entry = self.index.get(block_hash)
+            return None if entry is None else entry.expires_at
+
+    def _report_stored(self, entry: TierEntry) -> None:
+        if self.events is not None:
+            self.events.stored(self.medium, entry.block_hash, entry.parent_hash, entry.ttl_s, entry.expires_at)
+
+    def _report_removed(self, entry: TierEntry) -> None:
+        if self.events is not None:
+            self.events.removed(self.medium, entry.block_hash)
 
     # -- engine thread: the KVTier interface -----------------------------------------------
 
@@ -213,6 +248,7 @@ class DiskTier:
             if existing is None:
                 return False
             self.index.refresh(existing, entry)
+            self._report_stored(existing)
             return True
 
     def lock(self, entries: Sequence[TierEntry]) -> bool:
@@ -281,6 +317,7 @@ class DiskTier:
             existing = self.index.get(entry.block_hash)
             if existing is not None:  # stored while this job waited
                 self.index.refresh(existing, entry)
+                self._report_stored(existing)
                 return
             slot = self._take_slot(self.clock.now())
             if slot is None:
@@ -299,6 +336,7 @@ class DiskTier:
         with self._mutex:
             entry.slot = slot
             self.index.add(entry)
+            self._report_stored(entry)
             self.stats.stores += 1
             self.stats.bytes_written += payload.nbytes
 
@@ -348,11 +386,13 @@ class DiskTier:
         if victim is None:
             return None
         self.index.remove(victim)
+        self._report_removed(victim)
         self.stats.evictions += 1
         return victim.slot
 
     def _drop(self, entry: TierEntry) -> None:
         self.index.remove(entry)
+        self._report_removed(entry)
         self._free_slots.append(entry.slot)
 
     def _evict(self, entry: TierEntry) -> None:

@@ -16,6 +16,7 @@ from inference.tiers.stats import TierStats
 from inference.tiers.transfer import Fence, copy_block, wait
 
 if TYPE_CHECKING:
+    from inference.kv_event_log import BlockEvents
     from inference.settings import EngineSettings
 
 
@@ -24,7 +25,8 @@ class HostTier:
 
     Only the engine thread touches it (the metrics thread reads counters), so it has
     no lock. Stores are one memcpy each, made at once; a full tier evicts its LRU entry,
-    handing a live one to the tier below first (a demotion).
+    handing a live one to the tier below first (a demotion). With events attached, every
+    insert, refresh and removal is reported under the medium "HOST".
     """
 
     name = "host"
@@ -42,10 +44,18 @@ class HostTier:
         self._free_slots = list(range(capacity - 1, -1, -1))
         # Slots whose device-to-host copy may still be running (CUDA only).
         self._fences: dict[int, Fence] = {}
+        self.events: BlockEvents | None = None
+        self.medium = "HOST"
 
     @classmethod
     def from_settings(
-        cls, settings: EngineSettings, layout: BlockLayout, *, clock: Clock, pin_memory: bool
+        cls,
+        settings: EngineSettings,
+        layout: BlockLayout,
+        *,
+        clock: Clock,
+        pin_memory: bool,
+        model_fingerprint: str = "",
     ) -> HostTier | None:
         """KVGATE_KV_HOST_GIB (or _BLOCKS) of host memory; None when 0."""
         blocks = settings.kv_host_blocks
@@ -69,6 +79,23 @@ class HostTier:
     @property
     def num_pending_stores(self) -> int:
         return 0
+
+    # -- KV events --------------------------------------------------------------------------
+
+    def attach_events(self, events: BlockEvents, medium: str) -> None:
+        """Report this tier's blocks to events from now on, starting with those it holds."""
+        self.events, self.medium = events, medium
+        for entry in self.index.lru_order():
+            self._report_stored(entry)
+
+    def expiry(self, block_hash: BlockHash, now: float) -> float | None:
+        """The block's expiry here, or None when it is not here."""
+        entry = self.index.get(block_hash)
+        return None if entry is None else entry.expires_at
+
+    def _report_stored(self, entry: TierEntry) -> None:
+        if self.events is not None:
+            self.events.stored(self.medium, entry.block_hash, entry.parent_hash, entry.ttl_s, entry.expires_at)
 
     # -- read path ----------------------------------------------------------------------
 
@@ -105,6 +132,7 @@ class HostTier:
         if existing is None:
             return False
         self.index.refresh(existing, entry)
+        self._report_stored(existing)
         return True
 
     def store(self, entry: TierEntry, source: torch.Tensor, *, now: float, demote: Demote | None) -> bool:
@@ -145,6 +173,7 @@ class HostTier:
         if fence is not None:
             self._fences[slot] = fence
         self.index.add(entry)
+        self._report_stored(entry)
         self.stats.stores += 1
         self.stats.bytes_written += self.layout.nbytes
 
@@ -152,6 +181,8 @@ class HostTier:
         """Unindex an entry; its slot becomes free."""
         assert entry.locks == 0
         self.index.remove(entry)
+        if self.events is not None:
+            self.events.removed(self.medium, entry.block_hash)
         self._fences.pop(entry.slot, None)
         self._free_slots.append(entry.slot)
 

@@ -33,6 +33,7 @@ class TierEntry:
     locks: int = 0
     tick: int = 0
     dirty: bool = False  # the disk tier's header on file has an older TTL, expiry or last use
+    parent_hash: BlockHash | None = None  # the previous block's hash, for KV events (not kept on disk)
 
     def expired(self, now: float) -> bool:
         return self.expires_at <= now

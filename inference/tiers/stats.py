@@ -15,6 +15,8 @@ class TierStats:
     bytes_read: int = 0
     checksum_failures: int = 0  # blocks that failed verification: dropped, treated as misses
     dropped_stores: int = 0  # blocks not stored: no slot was free of a load in flight, or an I/O error
+    errors: int = 0  # calls to a remote tier that failed (refused, timed out): misses, never request errors
+    skipped: int = 0  # calls to a remote tier not made while its circuit breaker was open
 
     def as_dict(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}

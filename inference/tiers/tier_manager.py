@@ -20,7 +20,12 @@ The manager knows no tier by name: it drives an ordered list of `KVTier`s, faste
 first, built from the settings by the classes in TIER_TYPES. A block goes to the first
 tier that takes it; a tier making room hands its live victim to the tiers below it;
 lookups try the tiers in order; at shutdown the tiers above the last persistent one
-(and the device) are written out to it.
+(and the device) are written out to it (a local one, the disk, when there is one).
+
+Shared tiers (`shared = True`: Redis) are also written through: every block committed
+or hit on the device is offered to them at once (share()), so other engines, and this
+one after a crash, find it. Their lookups go by the chunk (lookup_prefix), and their
+loads can start before admission (prefetch), while the scheduler runs other requests.
 """
 
 from __future__ import annotations
@@ -33,16 +38,19 @@ import torch
 from inference.block_pool import KVBlock
 from inference.clock import Clock
 from inference.hashing import BlockHash
+from inference.kv_event_log import BlockEvents, Probe, tier_medium
 from inference.settings import EngineSettings
-from inference.tiers.base import Demote, KVTier, KVTierType
+from inference.tiers.base import Demote, KVTier, KVTierType, Prefetching
 from inference.tiers.disk_tier import DiskTier
 from inference.tiers.host_tier import HostTier
 from inference.tiers.layout import BlockLayout, device_block
 from inference.tiers.lru_index import TierEntry
+from inference.tiers.prefix_lookup import PrefixLookup
+from inference.tiers.redis_tier import RedisTier
 from inference.tiers.stats import TierStats
 
 # The tier classes, fastest first: the order blocks move down in and lookups go in.
-TIER_TYPES: tuple[KVTierType, ...] = (HostTier, DiskTier)
+TIER_TYPES: tuple[KVTierType, ...] = (HostTier, DiskTier, RedisTier)
 DEVICE = "device"
 # Every name a hit can be counted under, device first: the keys of cached_tokens_by_tier.
 TIER_NAMES: tuple[str, ...] = (DEVICE, *(t.name for t in TIER_TYPES))
@@ -63,20 +71,42 @@ class TierManager:
         self.clock = clock
         self.layout = BlockLayout.of_pool(cache)
         self.tiers = list(tiers)
+        self.shared = [t for t in self.tiers if t.shared]  # written through (share())
         self.closed = False
 
     @classmethod
-    def from_settings(cls, settings: EngineSettings, cache: torch.Tensor, clock: Clock) -> TierManager | None:
+    def from_settings(
+        cls, settings: EngineSettings, cache: torch.Tensor, clock: Clock, *, model_fingerprint: str = ""
+    ) -> TierManager | None:
         """The tiers the settings ask for, in TIER_TYPES order, or None when there are none."""
         layout = BlockLayout.of_pool(cache)
         pin = cache.device.type == "cuda"
-        built = (kind.from_settings(settings, layout, clock=clock, pin_memory=pin) for kind in TIER_TYPES)
+        built = (
+            kind.from_settings(settings, layout, clock=clock, pin_memory=pin, model_fingerprint=model_fingerprint)
+            for kind in TIER_TYPES
+        )
         tiers = [tier for tier in built if tier is not None]
         return cls(cache=cache, clock=clock, tiers=tiers) if tiers else None
 
     def tier(self, name: str) -> KVTier | None:
         """The tier called name, if the engine has one."""
         return next((t for t in self.tiers if t.name == name), None)
+
+    def attach_events(self, events: BlockEvents) -> dict[str, Probe]:
+        """Have every tier that reports KV events (`attach_events`, `expiry`) report to events.
+
+        Returns each such tier's expiry probe by event medium, for KVEventLog.sweep. A tier
+        without those methods publishes nothing (routers then see only the tiers that do).
+        """
+        probes: dict[str, Probe] = {}
+        for tier in self.tiers:
+            attach = getattr(tier, "attach_events", None)
+            if attach is None:
+                continue
+            medium = tier_medium(tier.name)
+            attach(events, medium)
+            probes[medium] = tier.expiry  # type: ignore[attr-defined]
+        return probes
 
     def stats(self) -> dict[str, TierStats]:
         return {t.name: t.stats for t in self.tiers}
@@ -91,6 +121,22 @@ class TierManager:
     def on_device_evict(self, block: KVBlock) -> None:
         """BlockPool's eviction hook: keep an unexpired committed block before its slot is reused."""
         self._store(0, _entry_of(block, block.expires_at), device_block(self.cache, block.block_id))
+
+    def share(self, blocks: Sequence[KVBlock]) -> None:
+        """Offer blocks just computed, or just hit, on the device to the shared tiers (write-through).
+
+        Write-back alone would share a block only once it is evicted here, and never if
+        this engine dies first; and a device hit extends a block's life here, which the
+        shared copy must follow for another engine to find it within its TTL. A tier
+        refreshes what it has (or knows it has recently enough) and stores the rest
+        (queued: it copies the block and sends it from its own thread).
+        """
+        now = self.clock.now()
+        for block in blocks:
+            entry = _entry_of(block, now + block.ttl_s)
+            for tier in self.shared:
+                if not tier.refresh(entry):
+                    tier.store(entry, device_block(self.cache, block.block_id), now=now, demote=None)
 
     def _store(self, first: int, entry: TierEntry, source: torch.Tensor) -> None:
         """Keep a block in tiers[first:]: refresh it where it is already, else store it in the first with room."""
@@ -116,6 +162,18 @@ class TierManager:
             if entry is not None:
                 return TierHit(tier, entry)
         return None
+
+    def lookup_prefix(self, keys: Sequence[tuple[BlockHash, Sequence[int]]], now: float) -> PrefixLookup:
+        """Lookups of a request's leading blocks (hash, token ids), answered as asked: remote tiers by the chunk."""
+        return PrefixLookup(self.tiers, keys, now)
+
+    def prefetch(self, hits: Sequence[TierHit]) -> bool:
+        """Start the hits' remote fetches; True when none is still on its way (local tiers are always ready)."""
+        ready = True
+        for tier, entries in self._by_tier(hits):
+            if isinstance(tier, Prefetching):
+                ready = tier.prefetch(entries) and ready
+        return ready
 
     def lock(self, hits: Sequence[TierHit]) -> bool:
         """Protect hits from eviction until load(); False, locking nothing, if one has gone meanwhile."""
@@ -173,7 +231,10 @@ class TierManager:
         least recently used first, so on a full disk the newest push out the oldest.
         A block in use has no expiry yet: it gets one from now, as if released.
         """
-        target = max((i for i, t in enumerate(self.tiers) if t.persistent), default=None)
+        # A local persistent tier (the disk) is the target; a shared one only when there is none
+        # (it has every block written through already: this refreshes their expiry).
+        persistent = [i for i, t in enumerate(self.tiers) if t.persistent]
+        target = max((i for i in persistent if not self.tiers[i].shared), default=max(persistent, default=None))
         if target is None or self.closed:
             return 0
         now = self.clock.now()
@@ -208,6 +269,7 @@ def _entry_of(block: KVBlock, expires_at: float) -> TierEntry:
     assert block.block_hash is not None
     return TierEntry(
         block_hash=block.block_hash,
+        parent_hash=block.parent_hash,
         token_ids=block.token_ids,
         ttl_s=block.ttl_s,
         expires_at=expires_at,

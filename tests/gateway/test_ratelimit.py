@@ -142,3 +142,42 @@ async def test_reserve_takes_what_is_left_and_never_refuses(limiter_and_time) ->
     assert empty.allowed and empty.reserved_input_tokens == 0
     # An empty input-token bucket refuses the next request at admission, before its body is read.
     assert not (await limiter.acquire(key_id="k", limits=limits, input_tokens=0)).allowed
+
+
+async def test_redis_away_means_per_process_buckets_never_an_error() -> None:
+    """Redis cut (refused) or stalled (no answer): each process limits on its own until it answers again."""
+    from tests.billing.tcp_proxy import CuttableProxy
+
+    if not await _redis_up():
+        pytest.skip("Redis is not reachable at 127.0.0.1:6379")
+    proxy = CuttableProxy("127.0.0.1", 6379)
+    await proxy.start()
+    url = f"redis://127.0.0.1:{proxy.port}/0"
+    prefix = f"kvgate-test:{uuid.uuid4().hex}:"
+    limits = Limits(requests_per_minute=2)
+    try:
+        shared = RedisRateLimiter(url, prefix=prefix)
+        assert (await shared.acquire(key_id="k", limits=limits, input_tokens=0)).allowed
+        assert not shared.using_fallback
+        await shared.close()
+        for fault in (proxy.cut, proxy.stall):
+            fault()
+            away = RedisRateLimiter(url, prefix=prefix, timeout_s=0.5, retry_s=0.0)
+            try:
+                decisions = [await away.acquire(key_id="k", limits=limits, input_tokens=0) for _ in range(3)]
+                assert away.using_fallback
+                assert [d.allowed for d in decisions] == [True, True, False]  # still a limit, in this process
+                await away.adjust(key_id="k", limits=limits, requests=1, input_tokens=0)  # no error either
+            finally:
+                await away.close()
+            proxy.restore()
+        # Back: the shared bucket again, where the first acquire took its unit.
+        back = RedisRateLimiter(url, prefix=prefix)
+        try:
+            assert (await back.acquire(key_id="k", limits=limits, input_tokens=0)).allowed
+            assert not (await back.acquire(key_id="k", limits=limits, input_tokens=0)).allowed
+            assert not back.using_fallback
+        finally:
+            await back.close()
+    finally:
+        await proxy.stop()

@@ -1,4 +1,4 @@
-"""A single decode row runs padded to two rows (ModelRunner): its logits and KV must be the unpadded ones."""
+"""A single oneDNN row runs padded to two rows (ModelRunner): its logits and KV must be the unpadded ones."""
 
 from __future__ import annotations
 
@@ -24,8 +24,9 @@ def decode_logits(engine: Engine, prompt: list[int]) -> tuple[list[int], list[to
 
 @pytest.mark.skipif(not ONEDNN_BF16, reason="packed bf16 linears (and so the padding) need oneDNN's bf16 path")
 def test_a_padded_single_row_gives_the_unpadded_logits_and_kv(make_engine, tiny_llama_dir):
-    padded = make_engine(tiny_llama_dir, dtype="bfloat16")
-    plain = make_engine(tiny_llama_dir, dtype="bfloat16")
+    # Decode rows on oneDNN, as on CPUs without the decode kernel (which takes lone rows unpadded).
+    padded = make_engine(tiny_llama_dir, dtype="bfloat16", decode_linear="onednn")
+    plain = make_engine(tiny_llama_dir, dtype="bfloat16", decode_linear="onednn")
     assert padded.runner.pad_single_row and plain.runner.cpu_kernel is not None
     plain.runner.pad_single_row = False  # each packed linear pads the lone row itself, as before
     prompt = random_prompt(random.Random(31), 40)

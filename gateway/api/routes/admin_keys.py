@@ -16,12 +16,12 @@ router = APIRouter(prefix="/admin/v1/keys", tags=["admin"], dependencies=[AdminD
 @router.post("/{key_id}/revoke", response_model=KeyOut)
 async def revoke_key(key_id: str, session: SessionDep, gw: GatewayDep) -> Response:
     key = await keys.revoke_key(session, key_id=key_id)
-    gw.auth_cache.evict(key_id=key.id)
+    await gw.evict_principals(key_id=key.id)
     return json_response(KeyOut.model_validate(key))
 
 
 @router.patch("/{key_id}", response_model=KeyOut)
 async def update_key(key_id: str, body: KeyScopesUpdate, session: SessionDep, gw: GatewayDep) -> Response:
     key = await keys.set_scopes(session, key_id=key_id, scopes=body.scopes)
-    gw.auth_cache.evict(key_id=key.id)  # the new scopes apply to the next request
+    await gw.evict_principals(key_id=key.id)  # the new scopes apply to the next request
     return json_response(KeyOut.model_validate(key))

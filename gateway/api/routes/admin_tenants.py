@@ -33,7 +33,7 @@ async def get_tenant(tenant_id: str, session: SessionDep) -> Response:
 @router.post("/{tenant_id}/suspend", response_model=TenantOut)
 async def suspend_tenant(tenant_id: str, session: SessionDep, gw: GatewayDep) -> Response:
     tenant = await tenants.set_tenant_status(session, tenant_id=tenant_id, suspended=True)
-    gw.auth_cache.evict(tenant_id=tenant.id)
+    await gw.evict_principals(tenant_id=tenant.id)
     return json_response(TenantOut.model_validate(tenant))
 
 

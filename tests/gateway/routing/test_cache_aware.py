@@ -84,24 +84,29 @@ def test_a_match_shorter_than_the_minimum_counts_as_none():
 
 def test_a_popular_prefix_spreads_by_load_and_sessions_still_stick():
     system = blocks(8)  # one tenant's system prompt, held by engine a only
-    router = evented(holding("a", system), popular_requests=3, w_load=1.0)
+    router = evented(holding("a", system), popular_requests=3, popular_spread_load=2, w_load=1.0, pending_s=0)
     loads = {"a": EngineLoad(4, 0), "b": IDLE, "c": IDLE}
     sessions = [system + blocks(4, start=1000 + 100 * i) for i in range(6)]
     chosen = [router.choose(s, loads, ttl_s=300, now=NOW) for s in sessions]
     # The first three go to the holder (a 4-request load costs less than 8 blocks of prefill) ...
     assert [d.engine for d in chosen[:3]] == ["a"] * 3
     assert {d.reason for d in chosen[:3]} == {"prefix"}
-    # ... then the prefix counts as popular: by load, to engines that will hold it too.
+    # ... then the prefix counts as popular, worth 2 requests of load only: a is busier than that.
     assert {d.engine for d in chosen[3:]} <= {"b", "c"}
     assert {d.reason for d in chosen[3:]} == {"least_loaded"}
+    # Within that margin the holder keeps it.
+    slightly_busy = {"a": EngineLoad(1, 0), "b": IDLE, "c": IDLE}
+    assert router.choose(system + blocks(4, start=7000), slightly_busy, ttl_s=300, now=NOW) == ("a", 8, "popular")
     # A session's next turn matches past the system prompt, to its own blocks, and sticks.
     turn2 = sessions[0] + blocks(2, start=5000)
     holding("a", sessions[0], index=router.index)
     assert router.choose(turn2, loads, ttl_s=300, now=NOW + 10) == ("a", 12, "prefix")
-    # With equal loads, a holder of the popular prefix wins the tie.
+    # With popular_spread_load 0 a popular prefix goes by load alone; a holder still wins a tie.
+    by_load = evented(holding("a", system), popular_requests=1, popular_spread_load=0, pending_s=0)
+    by_load.choose(system + blocks(4, start=8000), slightly_busy, ttl_s=300, now=NOW)
+    assert by_load.choose(system + blocks(4, start=8100), slightly_busy, ttl_s=300, now=NOW).engine != "a"
     equal = {"a": IDLE, "b": IDLE, "c": IDLE}
-    decision = router.choose(system + blocks(4, start=9000), equal, ttl_s=300, now=NOW + 11)
-    assert decision == ("a", 8, "popular")
+    assert by_load.choose(system + blocks(4, start=9000), equal, ttl_s=300, now=NOW) == ("a", 8, "least_loaded")
 
 
 def test_fallback_insertion_makes_the_second_turn_stick():
@@ -115,12 +120,19 @@ def test_fallback_insertion_makes_the_second_turn_stick():
     assert without_events.choose(turn2, busier, ttl_s=300, now=NOW + 5) == (first.engine, 6, "prefix")
     # After the TTL (from the last insertion), nothing is remembered.
     assert without_events.choose(turn2, busier, ttl_s=300, now=NOW + 306) == (other, 0, "least_loaded")
-    # An engine whose events reach the index gets no insertion: the second turn goes by load.
-    with_events = evented(BlockIndex())
+    # An engine whose events reach the index gets no lasting insertion: the second turn goes by load ...
+    with_events = evented(BlockIndex(), pending_s=0)
     first = with_events.choose(turn1, loads, ttl_s=300, now=NOW)
     other = "b" if first.engine == "a" else "a"
     busier = {first.engine: EngineLoad(1, 0), other: IDLE}
     assert with_events.choose(turn2, busier, ttl_s=300, now=NOW + 5) == (other, 0, "least_loaded")
+    # ... unless it comes before the engine's events could (pending_s): a burst of one prefix stays together.
+    pending = evented(BlockIndex(), pending_s=10)
+    first = pending.choose(turn1, loads, ttl_s=300, now=NOW)
+    other = "b" if first.engine == "a" else "a"
+    busier = {first.engine: EngineLoad(1, 0), other: IDLE}
+    assert pending.choose(turn2, busier, ttl_s=300, now=NOW + 5) == (first.engine, 6, "prefix")
+    assert pending.choose(turn2, busier, ttl_s=300, now=NOW + 16) == (other, 0, "least_loaded")
 
 
 def test_unhealthy_engines_are_skipped_and_ties_spread():
@@ -159,3 +171,12 @@ def test_weights_come_from_the_gateway_settings(monkeypatch):
     assert weights.alpha == 0.5 and weights.min_match_blocks == 7
     assert RouteWeights.from_settings(GatewaySettings(_env_file=None)).beta == RouteWeights().beta
     assert "`KVGATE_ROUTE_W_LOAD`" in settings_table() and "`KVGATE_NATS_URL`" in settings_table()
+
+
+def test_engine_weights_scale_the_load():
+    request = blocks(4, salt="new")
+    loads = {"small": EngineLoad(2, 0), "big": EngineLoad(3, 0)}
+    assert evented(BlockIndex()).choose(request, loads, ttl_s=0, now=NOW).engine == "small"
+    weighted = CacheAwareRouter(BlockIndex(), engine_weights={"big": 2.0}, has_events=lambda e: True)
+    assert weighted.choose(request, loads, ttl_s=0, now=NOW).engine == "big"  # 3/2 < 2
+    assert weighted.costs(request, loads, now=NOW) == {"small": 8.0, "big": 7.0}

@@ -7,10 +7,12 @@ side never see each other's events), and purges its subjects afterwards.
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import msgspec
 import nats
@@ -22,8 +24,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.routing import event_consumer
 from gateway.routing.cache_aware import CacheAwareRouter
-from gateway.routing.event_consumer import KVEventConsumer, ensure_stream
+from gateway.routing.event_consumer import KVEventConsumer, decode_snapshot, ensure_stream
 from gateway.routing.index import BlockIndex
 from gateway.routing.metrics import RoutingMetrics
 from gateway.routing.types import EngineLoad, PrefixMatch
@@ -40,6 +43,9 @@ from kvgate.kv_events import (
     model_subjects,
     subject,
 )
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
 
 NATS_URL = "nats://127.0.0.1:4222"
 HASHES = BlockHasher(model_id="m", block_size=4).hash_blocks(list(range(40)), "salt")  # 10 blocks
@@ -117,7 +123,7 @@ async def publisher() -> AsyncIterator[Publisher]:
 
 @dataclass
 class Publisher:
-    js: object
+    js: JetStreamContext
     model_id: str
 
     async def batch(self, engine: str, seq: int, *events: object) -> None:
@@ -136,7 +142,8 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(name, labels) or 0.0
 
 
-async def test_events_feed_the_index_and_gaps_and_restarts_resync(publisher, snapshot_server):
+async def test_events_feed_the_index_and_gaps_and_restarts_resync(publisher, snapshot_server, monkeypatch):
+    monkeypatch.setattr(event_consumer, "SNAPSHOT_SLICE", 2)  # snapshots go into the index in several slices
     registry = CollectorRegistry(auto_describe=False)
     index = BlockIndex()
     metrics = RoutingMetrics(registry, index_size=index.__len__)
@@ -189,7 +196,13 @@ async def test_batches_arriving_during_a_resync_are_buffered(publisher, snapshot
     engines = {"e2": f"{snapshot_server.url()}/e2"}
     # No snapshot yet: the start-up resync keeps retrying (with backoff) while batches arrive.
     consumer = KVEventConsumer(
-        index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05, resync_attempts=1000
+        index,
+        nats_url=NATS_URL,
+        model_id=publisher.model_id,
+        engines=engines,
+        backoff_s=0.05,
+        max_backoff_s=0.5,
+        resync_attempts=1000,
     )
     await consumer.start()
     try:
@@ -281,5 +294,79 @@ async def test_an_engine_the_pool_has_not_met_is_followed_until_it_can_be_resync
         consumer.resync("e4")
         await until(lambda: matched(index, "e4") == PrefixMatch(4, 0, 0), "the resync")
         assert consumer.covers("e4")
+    finally:
+        await consumer.close()
+
+
+async def test_the_router_built_from_settings_follows_the_events(publisher, snapshot_server):
+    from gateway.routing.setup import build_routing
+    from gateway.settings import GatewaySettings
+
+    engines = {"x": f"{snapshot_server.url()}/x", "y": f"{snapshot_server.url()}/y"}
+    snapshot_server.snapshots.update(x=snapshot("x", 0, []), y=snapshot("y", 0, []))
+    registry = CollectorRegistry(auto_describe=False)
+    settings = GatewaySettings(_env_file=None, nats_url=NATS_URL)
+    stack = build_routing(settings, registry=registry, model_id=publisher.model_id, block_size=4, event_engines=engines)
+    assert stack.consumer is not None
+    await stack.consumer.start()
+    try:
+        await until(lambda: stack.consumer.last_seq("x") == 0 and stack.consumer.last_seq("y") == 0, "the resyncs")
+        await publisher.batch("y", 1, stored(HASHES[:6]))
+        await until(lambda: matched(stack.router.index, "y").total == 6, "y's batch")
+        loads = {"x": EngineLoad(0, 0), "y": EngineLoad(1, 0)}
+        decision = stack.router.choose(HASHES, loads, ttl_s=300, now=1_000_000.0)
+        assert decision == ("y", 6, "prefix")
+        # Event-fed engines get no lasting insertion: a new prefix sent to x counts as there only until x's
+        # own events could say so (KVGATE_ROUTE_PENDING_S).
+        other = BlockHasher(model_id="m", block_size=4).hash_blocks(list(range(40)), "other salt")
+        assert stack.router.choose(other, loads, ttl_s=300, now=1_000_000.0).engine == "x"
+        pending_until = 1_000_000.0 + settings.route_pending_s
+        assert stack.router.index.match(other, ["x"], now=pending_until - 1)["x"].total == 10
+        assert stack.router.index.match(other, ["x"], now=pending_until + 1)["x"].total == 0
+        stack.router.record_actual(decision, 6)
+        assert sample(registry, "kvgate:router_actual_hit_tokens_total", engine="y") == 24
+    finally:
+        await stack.consumer.close()
+    # Without KVGATE_NATS_URL there is no consumer, and every engine gets fallback insertions.
+    plain = build_routing(
+        GatewaySettings(_env_file=None, nats_url=None),
+        registry=CollectorRegistry(),
+        model_id="m",
+        block_size=4,
+        event_engines={},
+    )
+    assert plain.consumer is None
+    assert plain.router.index.max_entries == GatewaySettings.model_fields["route_index_max_entries"].default
+    plain.router.choose(HASHES, {"x": EngineLoad(0, 0), "y": EngineLoad(0, 0)}, ttl_s=300, now=1_000_000.0)
+    assert len(plain.router.index) == 10
+
+
+def test_snapshot_json_reads_the_engines_shape_and_unending_blocks():
+    engine_side = KVSnapshot("e", 3, [SnapshotBlock("ab01", "CPU", 1e9), SnapshotBlock("cd02", "HOST", math.inf)])
+    data = msgspec.json.encode(engine_side)
+    assert b'"expires_at":null' in data  # what an unending block looks like in JSON
+    assert decode_snapshot(data) == engine_side
+    with pytest.raises(msgspec.DecodeError):
+        decode_snapshot(b'{"engine_id": "e", "seq": "three", "blocks": []}')
+
+
+async def test_a_lost_connection_is_replaced_and_every_engine_resynced(publisher, snapshot_server):
+    index = BlockIndex()
+    engines = {"e5": f"{snapshot_server.url()}/e5"}
+    snapshot_server.snapshots["e5"] = snapshot("e5", 0, [])
+    consumer = KVEventConsumer(index, nats_url=NATS_URL, model_id=publisher.model_id, engines=engines, backoff_s=0.05)
+    await consumer.start()
+    try:
+        await until(lambda: consumer.subscribed and consumer.last_seq("e5") == 0, "the start-up resync")
+        requests = snapshot_server.requests
+        # The connection goes away (as when the NATS server restarts): events published meanwhile are
+        # not delivered to a new-messages-only subscription, so the consumer resyncs once back.
+        snapshot_server.snapshots["e5"] = snapshot("e5", 2, HASHES[:3])
+        await consumer._nc.close()
+        await until(lambda: consumer.subscribed and snapshot_server.requests > requests, "the new subscription")
+        await until(lambda: consumer.last_seq("e5") == 2, "the resync")
+        assert matched(index, "e5") == PrefixMatch(3, 0, 0) and consumer.covers("e5")
+        await publisher.batch("e5", 3, stored(HASHES[3:4]))
+        await until(lambda: matched(index, "e5") == PrefixMatch(4, 0, 0), "a batch on the new subscription")
     finally:
         await consumer.close()

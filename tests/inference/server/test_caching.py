@@ -31,7 +31,7 @@ def test_repeat_reads_full_blocks_but_the_last_token(
     assert cold["cache_write_tokens"] == expected_hit(length)
     assert cold["cache_write_tokens_by_ttl"] == {"300": expected_hit(length)}
     assert warm["cached_tokens"] == expected_hit(length)
-    assert warm["cached_tokens_by_tier"] == {"device": expected_hit(length), "host": 0, "disk": 0}
+    assert warm["cached_tokens_by_tier"] == {"device": expected_hit(length), "host": 0, "disk": 0, "redis": 0}
     assert warm["cache_write_tokens"] == 0
 
 

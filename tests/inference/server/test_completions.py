@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import openai
+import pytest
 
 from inference.types import CacheSpec, SamplingParams
 from tests.inference.server.conftest import RunningServer
@@ -37,7 +38,8 @@ def test_whole_completion_of_text(tiny_server: RunningServer, client: openai.Ope
     assert details is not None
     assert details.cached_tokens is not None
     assert details.cache_write_tokens is not None
-    assert details.model_extra["cached_tokens_by_tier"] == {"device": details.cached_tokens, "host": 0, "disk": 0}
+    by_tier = details.model_extra["cached_tokens_by_tier"]
+    assert by_tier == {"device": details.cached_tokens, "host": 0, "disk": 0, "redis": 0}
 
 
 def test_streamed_completion_matches_whole(tiny_server: RunningServer, client: openai.OpenAI) -> None:
@@ -131,3 +133,59 @@ def test_null_means_the_default(tiny_server: RunningServer) -> None:
     response = httpx.post(f"{tiny_server.url}/v1/completions", json={**body, "stop": None, "echo": None})
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] <= 2
+
+
+def test_continuous_usage_carries_the_prompt_cache_counts_from_the_first_chunk(
+    tiny_server: RunningServer, client: openai.OpenAI
+) -> None:
+    model, prompt, salt = tiny_server.engine.model_id, token_prompt(50, seed=31), unique_salt()
+    client.completions.create(model=model, prompt=prompt, extra_body={"cache_salt": salt}, **GREEDY)
+    chunks = list(
+        client.completions.create(
+            model=model,
+            prompt=prompt,
+            stream=True,
+            stream_options={"include_usage": True, "continuous_usage_stats": True},  # type: ignore[typeddict-unknown-key]
+            extra_body={"cache_salt": salt, "ignore_eos": True},
+            **GREEDY,
+        )
+    )
+    *content, last = chunks
+    assert content and all(c.usage is not None for c in content)
+    first = content[0].usage
+    assert first.prompt_tokens_details is not None and first.prompt_tokens_details.cached_tokens == 48
+    assert first.completion_tokens >= 1
+    # completion_tokens counts the tokens sent so far, ending at the final count.
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and counts[-1] == last.usage.completion_tokens == 6
+    plain = list(
+        client.completions.create(
+            model=model, prompt=prompt, stream=True, stream_options={"include_usage": True}, **GREEDY
+        )
+    )
+    assert all(c.usage is None for c in plain[:-1])
+
+
+def test_structured_outputs_on_completions(tiny_server: RunningServer, client: openai.OpenAI) -> None:
+    model = tiny_server.engine.model_id
+    grammar = client.completions.create(
+        model=model,
+        prompt="Say a:",
+        extra_body={"structured_outputs": {"grammar": 'start: "a" "b"*'}},
+        temperature=0,
+        max_tokens=5,
+    )
+    text = grammar.choices[0].text
+    assert text.startswith("a") and set(text) <= {"a", "b"}
+    as_json = client.completions.create(
+        model=model,
+        prompt="JSON:",
+        extra_body={"response_format": {"type": "json_object"}},
+        temperature=0,
+        max_tokens=40,
+    )
+    assert as_json.choices[0].text.lstrip().startswith("{")
+    with pytest.raises(openai.BadRequestError, match="structured_outputs"):
+        client.completions.create(
+            model=model, prompt="x", extra_body={"structured_outputs": {"grammar": "x", "json": {}}}, max_tokens=2
+        )

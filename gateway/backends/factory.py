@@ -1,0 +1,24 @@
+"""The engine client `kvgate serve` runs, from KVGATE_ENGINES: the embedded engine, or a pool of remote ones."""
+
+from __future__ import annotations
+
+from gateway.backends.base import EngineClient
+from gateway.backends.embedded import EmbeddedEngine
+from gateway.settings import GatewaySettings
+
+
+def engine_client(settings: GatewaySettings) -> EngineClient:
+    """EmbeddedEngine (KVGATE_ENGINES=embedded), else an EnginePool over the URLs with KVGATE_MODEL's tokenizer only."""
+    specs = settings.engine_specs
+    if specs is None:
+        return EmbeddedEngine.from_settings()
+    from gateway.backends.pool import EnginePool
+    from gateway.backends.served_model import ServedModel
+
+    return EnginePool(
+        specs,
+        model=ServedModel.load(),
+        start_wait_s=settings.engines_start_wait_s,
+        vllm_block_size=settings.vllm_block_size,
+        read_timeout_s=settings.engine_read_timeout_s,
+    )

@@ -1,0 +1,153 @@
+"""The linears of decode rows (generated tokens) through csrc/decode_linear.c, bf16 on avx512_bf16 CPUs.
+
+A decode step reads every weight once for a few rows; oneDNN's small-matmul path took
+~180 us a call for that, twice the time to read the weights. DecodeLinear keeps the
+oneDNN PackedLinear for prompt rows and runs decode rows through our kernel (weights
+packed for it at load, float32 sums in one fixed order per output, the same for any
+number of rows).
+
+Which rows are which is the row's kind, never the batch's size or mix: a row at a
+position past its request's prompt (its input is a generated token) is a decode row,
+every other row a prompt row. ModelRunner puts a pass's decode rows first and sets
+DecodeRows.count; every DecodeLinear of the model reads it. So a prompt row is always
+computed by oneDNN and a decode row always by our kernel, whatever else runs in the
+step; only prompt blocks are ever cached (kv_cache_manager.commit_computed), so cached
+KV always comes from the prompt path, as it did before.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import torch
+
+from inference.cpu_linear import PackedLinear
+from inference.native import load_library
+
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+# How long a kernel thread spins after a call, within a forward pass, before it sleeps
+# (the next call comes within ~100 us); between passes it sleeps at once. Measured in
+# bench/decode_ab.py (KVGATE_DECODE_SPIN_US overrides it there).
+DEFAULT_SPIN_US = 100
+
+
+class DecodeKernel:
+    """The C functions: pack a bf16 weight, then multiply rows by it."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.kvgate_decode_linear_available.restype = _INT
+        lib.kvgate_decode_linear_packed_size.argtypes = [_I64, _I64]
+        lib.kvgate_decode_linear_packed_size.restype = _I64
+        lib.kvgate_decode_linear_pack.argtypes = [_PTR, _I64, _I64, _PTR]
+        lib.kvgate_decode_linear_pack.restype = None
+        lib.kvgate_decode_linear_set_spin.argtypes = [_I64]
+        lib.kvgate_decode_linear_set_spin.restype = None
+        lib.kvgate_decode_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT, _INT]
+        lib.kvgate_decode_linear.restype = None
+        self.lib = lib
+        self.spin_ns = 1000 * int(os.environ.get("KVGATE_DECODE_SPIN_US", DEFAULT_SPIN_US))
+
+    @classmethod
+    def load(cls, cache_dir: Path) -> DecodeKernel | None:
+        """The kernel, or None where it cannot be built or the CPU lacks avx512_bf16."""
+        lib = load_library("decode_linear", str(cache_dir))
+        if lib is None or not lib.kvgate_decode_linear_available():
+            return None
+        return cls(lib)
+
+    def begin_pass(self) -> None:
+        """The kernel's threads may spin between calls from now on (a forward pass is running)."""
+        self.lib.kvgate_decode_linear_set_spin(self.spin_ns)
+
+    def end_pass(self) -> None:
+        """The pass is over: the kernel's threads sleep until the next call."""
+        self.lib.kvgate_decode_linear_set_spin(0)
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """[N, K] bf16 -> the kernel's layout (an opaque int32 tensor)."""
+        weight = weight.detach().contiguous()
+        assert weight.dtype == torch.bfloat16 and weight.dim() == 2
+        N, K = weight.shape
+        packed = torch.empty(self.lib.kvgate_decode_linear_packed_size(N, K), dtype=torch.int32)
+        self.lib.kvgate_decode_linear_pack(weight.data_ptr(), N, K, packed.data_ptr())
+        return packed
+
+    def linear(
+        self,
+        x: torch.Tensor,
+        packed: torch.Tensor,
+        out_features: int,
+        bias: torch.Tensor | None = None,
+        out_dtype: torch.dtype = torch.bfloat16,
+    ) -> torch.Tensor:
+        """x [M, K] bf16 (unit stride on K) @ W^T + bias -> [M, N] in bf16 or float32."""
+        assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.stride(1) == 1
+        assert out_dtype in (torch.bfloat16, torch.float32)
+        M, K = x.shape
+        out = torch.empty(M, out_features, dtype=out_dtype)
+        self.lib.kvgate_decode_linear(
+            x.data_ptr(), x.stride(0), M, K, packed.data_ptr(), out_features,
+            None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
+            int(out_dtype == torch.float32), torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+
+class DecodeRows:
+    """How many leading rows of the current pass are decode rows (set by ModelRunner per pass)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
+class DecodeLinear(torch.nn.Module):
+    """A PackedLinear for prompt rows, our kernel for the pass's leading decode rows."""
+
+    def __init__(self, prefill: PackedLinear, weight: torch.Tensor, kernel: DecodeKernel, rows: DecodeRows) -> None:
+        super().__init__()
+        self.prefill = prefill
+        self.in_features = prefill.in_features
+        self.out_features = prefill.out_features
+        self.register_buffer("decode_weight", kernel.pack(weight), persistent=False)
+        self.kernel = kernel
+        self.rows = rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.rows.count
+        if d == 0:
+            return self.prefill(x)
+        flat = x.reshape(-1, self.in_features)
+        decode = self.kernel.linear(flat[:d], self.decode_weight, self.out_features, self.prefill.bias)
+        if d < flat.shape[0]:
+            decode = torch.cat([decode, self.prefill(flat[d:])])
+        return decode.reshape(*x.shape[:-1], self.out_features)
+
+
+def use_decode_kernel(model: torch.nn.Module, kernel: DecodeKernel | None) -> DecodeRows | None:
+    """Wrap the decoder layers' PackedLinears (the LM head is the runner's) in DecodeLinears.
+
+    Returns the model's DecodeRows (one per model: a second runner over the same model finds
+    the wrapped layers and shares it), or None where the kernel is unavailable or nothing
+    was packed. Needs the weights before packing: call between fusing and pack_linears.
+    """
+    if kernel is None:
+        return None
+    rows = getattr(model, "kvgate_decode_rows", None)
+    if rows is not None:
+        return rows
+    rows = DecodeRows()
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        return None
+    swapped = 0
+    for parent in list(layers.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16:
+                setattr(parent, name, DecodeLinear(PackedLinear(child), child.weight, kernel, rows))
+                swapped += 1
+    if swapped == 0:
+        return None
+    model.kvgate_decode_rows = rows
+    return rows
