@@ -31,6 +31,8 @@ GRID: dict[str, tuple[float, ...]] = {
     "imbalance_abs": (4, 8, 16, 32),
     "imbalance_rel": (1.2, 1.5, 2.0),
     "popular_requests": (4.0, 8.0, 16.0, 1e9),
+    "popular_spread_load": (0.0, 2.0, 4.0, 8.0),
+    "pending_s": (0.0, 10.0),
     "alpha": (0.0, 0.5, 0.8, 1.0),
 }
 # (label, workload, device pool in blocks or None for the default): the small pool makes engines evict
