@@ -80,6 +80,7 @@ def calibrate(path: Path, reps: int = 3) -> dict:
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device_pool_blocks_at_1_gib": pool_blocks,
         "fit": {"a": a, "b": b, "c": c, "h": h, "d": d},
+        "method": f"fastest of {reps} runs per sample; host read after a 3000-token evicting prompt",
         "fit_means": "prefill s = a + b·uncached + c·cached + h·host-tier tokens; decode s/token/stream = d "
         f"(at {streams} streams)",
         "samples": {
