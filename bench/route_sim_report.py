@@ -115,7 +115,8 @@ def write_docs(
         "(least loaded among equals) if over "
         "0.3 of the request, else the smallest tree; least loaded when max − min > 64 and max > 1.5 × min); "
         "routed-only (kvgate's CacheAwareRouter with no events, on its fallback: the hashes it routed, for their TTL); "
-        "event-fed (the same router, its BlockIndex fed by the engines' events). "
+        "event-fed (the same router, its BlockIndex fed by the engines' events, plus its own choices for pending_s "
+        "until their events arrive). "
         f"{'A third of the default time (`--quick`). ' if factor < 1 else ''}",
         "",
         *lines,
