@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -133,7 +134,7 @@ class EnginePool:
     ) -> PoolHandle:
         if not any(m.routable for m in self.members):
             raise EngineUnavailableError(self.unavailable_reason())
-        request_id = request_id or f"pool-{id(object()):x}"
+        request_id = request_id or f"pool-{uuid.uuid4().hex}"
         handle = PoolHandle(self, request_id, tuple(prompt_token_ids), params, cache)
         self._handles[request_id] = handle
         handle.start()
