@@ -33,6 +33,13 @@ class QueuedHandle:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._main(), name=f"request-{self.request_id}")
+        self._task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        # A task cancelled before its first step never runs _main's handlers: end the request here.
+        if not self._result.done():
+            self._result.set_result(self.output("cancelled"))
+            self._deltas.put_nowait(None)
 
     async def _run(self) -> RequestOutput:
         raise NotImplementedError
