@@ -179,6 +179,15 @@ class EnginePool:
             decision = RouteDecision(member.engine_id, 0, "fallback")
         return member, decision
 
+    def record_actual(self, decision: RouteDecision, actual_hit_blocks: int) -> None:
+        """Tell the router the engine's real count; a router's failure here never fails the request."""
+        if self.router is None:
+            return
+        try:
+            self.router.record_actual(decision, actual_hit_blocks)
+        except Exception:
+            log.exception("router_record_actual_failed", engine=decision.engine)
+
     def connection_failed(self, member: Member, reason: str) -> None:
         """A request's connection to this engine failed: no traffic until a probe answers."""
         if member.failed(reason, asyncio.get_running_loop().time(), self.policy):

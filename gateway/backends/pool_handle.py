@@ -74,9 +74,7 @@ class PoolHandle(QueuedHandle):
                 last_error = str(exc)
                 continue
             output = await self._relay(member, inner, queued=max(len(self.prompt_token_ids) - predicted, 0))
-            actual_blocks = output.usage.cached_tokens // block_size
-            if self.pool.router is not None:
-                self.pool.router.record_actual(decision, actual_blocks)
+            self.pool.record_actual(decision, output.usage.cached_tokens // block_size)
             retry = output.finish_reason == "error" and output.error_kind == "unavailable" and not inner.sent_any
             if not retry or self._cancelled:
                 return self.with_own_id(output)

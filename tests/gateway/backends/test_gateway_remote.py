@@ -65,6 +65,7 @@ def test_the_gateway_runs_on_the_engines_without_the_weights(
     assert [m.url for m in engine.members if m.routable] == [engine_a.url]
     assert engine.weights == {engine_a.url: 2.0}
     assert httpx.get(f"{remote_gateway.base_url}/healthz").status_code == 200
+    assert remote_gateway.admin.get("/metrics").status_code == 200
 
 
 def test_anthropic_counts_equal_the_embedded_gateways(remote_gateway: GatewayServer, gateway: GatewayServer) -> None:
