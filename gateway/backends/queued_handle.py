@@ -91,8 +91,17 @@ class QueuedHandle:
             error_kind=kind,
         )
 
-    def with_own_id(self, output: RequestOutput) -> RequestOutput:
-        return replace(output, request_id=self.request_id, text="".join(self._text))
+    def relayed(self, output: RequestOutput, *, started_after_s: float) -> RequestOutput:
+        """An inner handle's output as this handle's: its id, its text, and times from this handle's start
+        (the inner one started started_after_s later, after any engines that failed first)."""
+        ttft_s = None if output.ttft_s is None else output.ttft_s + started_after_s
+        return replace(
+            output, request_id=self.request_id, text="".join(self._text), ttft_s=ttft_s, latency_s=self.elapsed_s
+        )
+
+    @property
+    def started_at(self) -> float:
+        return self._started
 
     async def __aiter__(self) -> AsyncIterator[TokenDelta]:
         while (delta := await self._deltas.get()) is not None:

@@ -107,6 +107,7 @@ async def test_fails_over_before_the_first_token(
         assert handle.attempts == [dying, engine_b.url]
         assert handle.placement.engine_id == engine_b.url
         assert output.usage.prompt_tokens == 40 and output.usage.completion_tokens == GREEDY.max_tokens
+        assert output.ttft_s is not None and 0 < output.ttft_s <= output.latency_s
         dead = next(m for m in pool.members if m.url == dying)
         assert not dead.routable and "failed before the first token" in dead.reason
         # Now it gets no traffic at all.
