@@ -5,19 +5,22 @@ from __future__ import annotations
 from gateway.backends.base import EngineClient
 from gateway.backends.embedded import EmbeddedEngine
 from gateway.settings import GatewaySettings
+from inference.settings import EngineSettings
 
 
-def engine_client(settings: GatewaySettings) -> EngineClient:
-    """EmbeddedEngine (KVGATE_ENGINES=embedded), else an EnginePool over the URLs with KVGATE_MODEL's tokenizer only."""
+def engine_client(settings: GatewaySettings, engine_settings: EngineSettings | None = None) -> EngineClient:
+    """EmbeddedEngine (KVGATE_ENGINES=embedded), else an EnginePool over the URLs with KVGATE_MODEL's tokenizer only.
+
+    engine_settings: the engine's (KVGATE_MODEL...), read from the environment unless given."""
     specs = settings.engine_specs
     if specs is None:
-        return EmbeddedEngine.from_settings()
+        return EmbeddedEngine.from_settings(engine_settings)
     from gateway.backends.pool import EnginePool
     from gateway.backends.served_model import ServedModel
 
     return EnginePool(
         specs,
-        model=ServedModel.load(),
+        model=ServedModel.load(engine_settings),
         start_wait_s=settings.engines_start_wait_s,
         vllm_block_size=settings.vllm_block_size,
         read_timeout_s=settings.engine_read_timeout_s,

@@ -14,6 +14,7 @@ usage of what was sent (transport_failed says it was the connection, not an HTTP
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urljoin
@@ -131,7 +132,7 @@ class HttpEngine:
     ) -> HttpHandle:
         if self.info is None:
             raise EngineUnavailableError(f"the engine at {self.base_url} has not answered yet")
-        request_id = request_id or f"http-{id(object()):x}"
+        request_id = request_id or f"http-{uuid.uuid4().hex}"
         body = completion_body(
             model=self.info.model_id,
             prompt_token_ids=prompt_token_ids,
@@ -198,7 +199,12 @@ class HttpEngine:
             )
         card = cards[ids.index(self.model_id)]
         flavour: Flavour = "kvgate" if card.get("owned_by") == "kvgate" else "vllm"
-        info = kv_info.json() if kv_info.status_code == 200 else {}
+        try:
+            info = kv_info.json() if kv_info.status_code == 200 else {}
+        except ValueError:
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
         return EngineInfo(
             engine_id=str(info.get("engine_id") or self.base_url.rstrip("/")),
             model_id=self.model_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -133,7 +134,7 @@ class EnginePool:
     ) -> PoolHandle:
         if not any(m.routable for m in self.members):
             raise EngineUnavailableError(self.unavailable_reason())
-        request_id = request_id or f"pool-{id(object()):x}"
+        request_id = request_id or f"pool-{uuid.uuid4().hex}"
         handle = PoolHandle(self, request_id, tuple(prompt_token_ids), params, cache)
         self._handles[request_id] = handle
         handle.start()
@@ -177,6 +178,15 @@ class EnginePool:
             member = min(candidates.values(), key=lambda m: (m.active / m.weight, m.url))
             decision = RouteDecision(member.engine_id, 0, "fallback")
         return member, decision
+
+    def record_actual(self, decision: RouteDecision, actual_hit_blocks: int) -> None:
+        """Tell the router the engine's real count; a router's failure here never fails the request."""
+        if self.router is None:
+            return
+        try:
+            self.router.record_actual(decision, actual_hit_blocks)
+        except Exception:
+            log.exception("router_record_actual_failed", engine=decision.engine)
 
     def connection_failed(self, member: Member, reason: str) -> None:
         """A request's connection to this engine failed: no traffic until a probe answers."""

@@ -107,6 +107,7 @@ async def test_fails_over_before_the_first_token(
         assert handle.attempts == [dying, engine_b.url]
         assert handle.placement.engine_id == engine_b.url
         assert output.usage.prompt_tokens == 40 and output.usage.completion_tokens == GREEDY.max_tokens
+        assert output.ttft_s is not None and 0 < output.ttft_s <= output.latency_s
         dead = next(m for m in pool.members if m.url == dying)
         assert not dead.routable and "failed before the first token" in dead.reason
         # Now it gets no traffic at all.
@@ -114,6 +115,23 @@ async def test_fails_over_before_the_first_token(
         assert handle.attempts == [engine_b.url] and output.finish_reason == "length"
     finally:
         await pool.shutdown()
+
+
+async def test_an_overloaded_engine_is_skipped_but_kept(
+    tiny_llama_dir: Path, engine_b: RunningServer, served_model: ServedModel
+) -> None:
+    with serve_on(tiny_llama_dir, free_port(), max_waiting=0) as full:  # refuses every request: 503
+        pool = EnginePool([EngineSpec(full, 100.0), EngineSpec(engine_b.url)], model=served_model, health=QUIET)
+        await pool.start()
+        try:
+            await _wait_for(lambda: all(m.routable for m in pool.members), "both engines known")
+            handle, output = await _run(pool, token_prompt(40, seed=208), CacheSpec(unique_salt()))
+            assert output.finish_reason == "length"
+            assert handle.attempts == [full, engine_b.url]
+            # A 503 is the engine's answer, not a dead engine: it stays in the pool.
+            assert all(m.routable for m in pool.members)
+        finally:
+            await pool.shutdown()
 
 
 async def test_a_failure_mid_stream_ends_with_an_error_and_the_usage_sent(
