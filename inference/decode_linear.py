@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -95,11 +96,12 @@ class DecodeKernel:
         return out
 
 
-class DecodeRows:
-    """How many leading rows of the current pass are decode rows (set by ModelRunner per pass)."""
+class DecodeRows(threading.local):
+    """How many leading rows of the current pass are decode rows (set by ModelRunner per pass).
 
-    def __init__(self) -> None:
-        self.count = 0
+    Per thread: engines over one loaded model may step at once in their own threads."""
+
+    count = 0
 
 
 class DecodeLinear(torch.nn.Module):

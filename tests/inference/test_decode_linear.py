@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,14 @@ def test_engine_routes_decode_rows_to_the_kernel_unless_told_not_to(make_engine,
     # continuation is computed, and cached, like any other prompt.
     again = checked(engine.generate(prompt + list(out), params))
     assert again.usage.cached_tokens > 0
+
+
+def test_decode_rows_are_counted_per_thread():
+    """Engines over one loaded model may step at once, each in its own thread."""
+    rows = DecodeRows()
+    rows.count = 5
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(rows.count))
+    thread.start()
+    thread.join()
+    assert (rows.count, seen) == (5, [0])
