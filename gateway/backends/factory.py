@@ -8,16 +8,19 @@ from gateway.settings import GatewaySettings
 
 
 def engine_client(settings: GatewaySettings) -> EngineClient:
-    """EmbeddedEngine (KVGATE_ENGINES=embedded), else an EnginePool over the URLs with KVGATE_MODEL's tokenizer only."""
+    """EmbeddedEngine (KVGATE_ENGINES=embedded), else an EnginePool over the URLs with KVGATE_MODEL's tokenizer only,
+    routed by the cache-aware router (fed by KV events with KVGATE_NATS_URL: gateway.backends.pool_routing)."""
     specs = settings.engine_specs
     if specs is None:
         return EmbeddedEngine.from_settings()
     from gateway.backends.pool import EnginePool
+    from gateway.backends.pool_routing import PoolRouting
     from gateway.backends.served_model import ServedModel
 
     return EnginePool(
         specs,
         model=ServedModel.load(),
+        routing=PoolRouting(settings),
         start_wait_s=settings.engines_start_wait_s,
         vllm_block_size=settings.vllm_block_size,
         read_timeout_s=settings.engine_read_timeout_s,
