@@ -1,8 +1,9 @@
 """EnginePool: several remote engines (KVGATE_ENGINES) as one EngineClient.
 
-Each request is routed by a gateway.routing.types.Router (weighted least-loaded unless a
-router_factory says otherwise) over the engines that are known and healthy, with the loads this
-gateway put on them. A background task probes every engine: GET /health every interval while it
+Each request is routed by a gateway.routing.types.Router over the engines that are known and
+healthy, with the loads this gateway put on them: the cache-aware router when the pool has a
+PoolRouting (gateway.backends.pool_routing: what `kvgate serve` gives it), else the router_factory's
+(weighted least-loaded by default). A background task probes every engine: GET /health every interval while it
 answers; when it does not, with exponential backoff (capped); an engine that has never answered
 is described (GET /v1/models, GET /kv/info) once it does, and joins. An engine whose connection
 fails under a request is taken out at once, and probed back in. A request whose engine fails
