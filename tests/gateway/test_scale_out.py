@@ -21,6 +21,7 @@ One test, one set of processes, in order (each step builds on the previous one):
 from __future__ import annotations
 
 import asyncio
+import shutil
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -77,11 +78,16 @@ class Cluster(NamedTuple):
     model: str
 
 
+pytestmark = pytest.mark.postgres
+
+
 def _skip_without_services() -> None:
     if not pg_reachable():
         pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
     if not NATS_SERVER.exists():
         pytest.skip(f"{NATS_SERVER} is not installed")
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +312,8 @@ def test_prefix_routing_events_resync_failover_to_redis_and_billing_across_two_g
         "gateway two to resync the holder after NATS came back",
         timeout_s=180,
     )
-    # Gateway two neither routed turn 3 nor got its events: only the snapshot told it of those blocks.
+    # Gateway two did not route turn 3, and the holder's batches of it were dropped: what gateway two
+    # knows of those blocks came from the resync.
     fourth = ask(cluster, two, key, conversation(4, second_breakpoint=True))
     assert fourth.cache_read_input_tokens == prefix_tokens + extra_tokens
     records = usage_records(cluster, tenant, 4)
