@@ -61,6 +61,8 @@ class EngineInfo(NamedTuple):
     flavour: Flavour
     block_size: int
     hash_algo: str
+    kv_events_subject: str | None = None  # where its KV events go; None: it publishes none (vLLM: always)
+    shared_tier: bool = False  # it reads and writes the shared (Redis) KV tier
 
 
 def error_kind_of(status: int) -> ErrorKind:
@@ -212,6 +214,8 @@ class HttpEngine:
             flavour=flavour,
             block_size=int(info.get("block_size") or (16 if flavour == "kvgate" else self.vllm_block_size)),
             hash_algo=str(info.get("hash_algo") or "sha256"),
+            kv_events_subject=str(info["kv_events_subject"]) if info.get("kv_events_subject") else None,
+            shared_tier=bool(info.get("shared_tier")),
         )
 
     def _forget(self, request_id: str) -> None:
