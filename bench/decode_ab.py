@@ -2,6 +2,7 @@
 
 Run: .venv/bin/python bench/decode_ab.py --base /path/to/other/checkout [--rounds 5]
      .venv/bin/python bench/decode_ab.py --base . --this-env GOMP_SPINCOUNT=100000  (same code, two settings)
+     .venv/bin/python bench/decode_ab.py --base . --base-env KVGATE_DECODE_LINEAR=onednn  (the decode kernels)
 
 Two worker processes, one per checkout (each imports `inference` from its own tree),
 each load SmolLM2-135M-Instruct once. The driver then asks them in turn for one

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import structlog
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import catalog
@@ -180,18 +181,29 @@ def default_spool_path(database_url: str) -> Path:
     return Path(".kvgate") / f"usage-spool-{digest}.jsonl"
 
 
+SEED_ATTEMPTS = 3
+
+
 def _prepare_catalog(database_url: str, settings: BillingSettings) -> PriceBook:
     """Seed and load the price catalog on a private loop and engine (the lifespan calls us synchronously)."""
 
     async def run() -> PriceBook:
         engine = create_engine(database_url)
+        specs = load_price_file(settings.prices_file)
         try:
-            async with session_factory(engine)() as session:
-                await catalog.seed_prices(
-                    session=session, specs=load_price_file(settings.prices_file), source=settings.prices_file.name
-                )
-                await session.commit()
-                return await catalog.load_pricebook(session=session)
+            for attempt in range(SEED_ATTEMPTS):
+                try:
+                    async with session_factory(engine)() as session:
+                        await catalog.seed_prices(session=session, specs=specs, source=settings.prices_file.name)
+                        await session.commit()
+                        return await catalog.load_pricebook(session=session)
+                except (catalog.PriceConflictError, IntegrityError):
+                    # Gateways starting together seed the same file at once: one inserts, the others
+                    # clash with its rows. Seeding again reads them and finds nothing to add; a file
+                    # that really conflicts with the catalog fails every attempt.
+                    if attempt + 1 == SEED_ATTEMPTS:
+                        raise
+            raise AssertionError("unreachable")
         finally:
             await engine.dispose()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import structlog
 from fastapi import APIRouter, FastAPI
+from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from gateway.admin_token_notice import announce_admin_token
@@ -62,11 +63,13 @@ def _build_billing(
     return billing_factory(sessions=sessions, settings=settings)
 
 
-def _metrics(app: FastAPI, engine: EngineClient, hooks: BillingHooks) -> GatewayMetrics:
-    """The app's one registry: the gateway's and the engine's metrics, and billing's when its hooks have some."""
+def _metrics(app: FastAPI, engine: EngineClient, hooks: BillingHooks, registry: CollectorRegistry) -> GatewayMetrics:
+    """The app's one registry: the gateway's and the engine's metrics, billing's when its hooks have some, and
+    the engine pool's router's (attached before the engine started)."""
     billing_metrics = getattr(hooks, "metrics", None)
     return GatewayMetrics(
         engine,
+        registry=registry,
         routes=RouteTemplates(app.routes),  # every router is included by now
         collectors=[billing_metrics] if billing_metrics is not None else [],
     )
@@ -135,6 +138,10 @@ def create_app(
         if new_token:
             announce_admin_token(new_token, settings)
         engine = make_engine()
+        registry = CollectorRegistry(auto_describe=False)
+        attach_metrics = getattr(engine, "attach_metrics", None)  # an engine pool's router counts on it
+        if attach_metrics is not None:
+            attach_metrics(registry)
         await engine.start()
         hooks = billing or _build_billing(billing_factory, sessions, settings)
         own_recorder = DatabaseUsageRecorder(settings.database_url) if recorder is None else None
@@ -178,7 +185,7 @@ def create_app(
             secret=secret,
             admin=admin,
             auth_cache=auth_cache,
-            metrics=_metrics(app, engine, hooks),
+            metrics=_metrics(app, engine, hooks, registry),
             db_health=health_of(db),
             prep=prep,
             workers=workers,

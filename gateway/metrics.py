@@ -43,10 +43,16 @@ class GatewayMetrics:
     """
 
     def __init__(
-        self, engine: EngineClient, *, routes: RouteTemplates | None = None, collectors: Iterable[Collector] = ()
+        self,
+        engine: EngineClient,
+        *,
+        routes: RouteTemplates | None = None,
+        collectors: Iterable[Collector] = (),
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.routes = routes or RouteTemplates(())
-        self.registry = CollectorRegistry(auto_describe=False)
+        # Given by the app when something built before these metrics (the engine pool's router) shares it.
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=False)
         self._requests = Counter(
             "kvgate:gateway_requests", "HTTP requests, by route and status code.", ["route", "status"],
             registry=self.registry,

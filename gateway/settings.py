@@ -142,7 +142,8 @@ class GatewaySettings(KvgateSettings):
         "embedded",
         description="`embedded` (the engine runs in the gateway process), or a comma-separated list of engine base "
         "URLs (`kvgate engine serve` or vLLM's OpenAI server), each optionally `=WEIGHT`: "
-        "`http://10.0.0.5:8001=2,http://10.0.0.6:8001`. With URLs the gateway loads only KVGATE_MODEL's tokenizer.",
+        "`http://10.0.0.5:8001=2,http://10.0.0.6:8001`. With URLs the gateway loads only KVGATE_MODEL's tokenizer "
+        "and routes each request by its prefix (the cache-aware router; fed by KV events with KVGATE_NATS_URL).",
     )
     engines_start_wait_s: float = Field(
         60.0, ge=0, description="With engine URLs: how long start-up waits for the first engine to answer."

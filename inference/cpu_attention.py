@@ -36,6 +36,7 @@ class _Args(ctypes.Structure):
         ("scale", ctypes.c_float),
         ("is_bf16", ctypes.c_int32),
         ("num_threads", ctypes.c_int32),
+        ("num_decode", ctypes.c_int64),
     ]
 
 
@@ -58,6 +59,9 @@ class RowLayout:
     row_seq: torch.Tensor  # int32 [T]
     row_pos: torch.Tensor  # int32 [T]
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    # Rows [0, num_decode) are decode rows (generated tokens' queries): on avx512_bf16 the
+    # kernel gives them their own loop (see tile_decode_row), whatever else is in the call.
+    num_decode: int = 0
 
 
 class CpuPagedAttention:
@@ -126,4 +130,5 @@ class CpuPagedAttention:
             scale=scale,
             is_bf16=int(query.dtype == torch.bfloat16),
             num_threads=torch.get_num_threads(),
+            num_decode=layout.num_decode,
         )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -28,9 +29,10 @@ from inference.native import load_library
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 # How long a kernel thread spins after a call, within a forward pass, before it sleeps
-# (the next call comes within ~100 us); between passes it sleeps at once. Measured in
-# bench/decode_ab.py (KVGATE_DECODE_SPIN_US overrides it there).
-DEFAULT_SPIN_US = 100
+# (between passes it sleeps at once). KVGATE_DECODE_SPIN_US overrides it. Measured with
+# bench/decode_ab.py on the shared 2-core machine (load 6-10): 100-200 us of spinning
+# halved decode speed against sleeping at once (0), so by default workers never spin.
+DEFAULT_SPIN_US = 0
 
 
 class DecodeKernel:
@@ -95,11 +97,12 @@ class DecodeKernel:
         return out
 
 
-class DecodeRows:
-    """How many leading rows of the current pass are decode rows (set by ModelRunner per pass)."""
+class DecodeRows(threading.local):
+    """How many leading rows of the current pass are decode rows (set by ModelRunner per pass).
 
-    def __init__(self) -> None:
-        self.count = 0
+    Per thread: engines over one loaded model may step at once in their own threads."""
+
+    count = 0
 
 
 class DecodeLinear(torch.nn.Module):

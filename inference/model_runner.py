@@ -90,7 +90,7 @@ class ModelRunner:
         ids, positions, num_rows = plan.ids, plan.positions, len(plan.ids)
         rows = None
         if self.cpu_kernel is not None:
-            rows = _row_layout(chunks, plan.row_seq, positions)
+            rows = _row_layout(chunks, plan.row_seq, positions, plan.num_decode)
         if num_rows == 1 and self.pad_single_row and plan.num_decode == 0:
             # A lone prompt row runs as two rows: every packed linear would otherwise pad it
             # with a zero row itself (see PackedLinear), four more ops per linear; this pads it
@@ -219,7 +219,7 @@ def _plan_rows(chunks: Sequence[Chunk], split_decode: bool) -> RowPlan:
     return RowPlan(ids, positions, slots, row_seq, sample_rows, num_decode)
 
 
-def _row_layout(chunks: Sequence[Chunk], row_seq: list[int], positions: list[int]) -> RowLayout:
+def _row_layout(chunks: Sequence[Chunk], row_seq: list[int], positions: list[int], num_decode: int) -> RowLayout:
     # One tensor per field, built from Python lists in one call each (not one per chunk).
     width = max(len(c.block_ids) for c in chunks)
     tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks]
@@ -227,6 +227,7 @@ def _row_layout(chunks: Sequence[Chunk], row_seq: list[int], positions: list[int
         row_seq=torch.tensor(row_seq, dtype=torch.int32),
         row_pos=torch.tensor(positions, dtype=torch.int32),
         block_tables=torch.tensor(tables, dtype=torch.int32),
+        num_decode=num_decode,
     )
 
 

@@ -14,6 +14,7 @@ usage of what was sent (transport_failed says it was the connection, not an HTTP
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 from urllib.parse import urljoin
@@ -60,6 +61,8 @@ class EngineInfo(NamedTuple):
     flavour: Flavour
     block_size: int
     hash_algo: str
+    kv_events_subject: str | None = None  # where its KV events go; None: it publishes none (vLLM: always)
+    shared_tier: bool = False  # it reads and writes the shared (Redis) KV tier
 
 
 def error_kind_of(status: int) -> ErrorKind:
@@ -131,7 +134,7 @@ class HttpEngine:
     ) -> HttpHandle:
         if self.info is None:
             raise EngineUnavailableError(f"the engine at {self.base_url} has not answered yet")
-        request_id = request_id or f"http-{id(object()):x}"
+        request_id = request_id or f"http-{uuid.uuid4().hex}"
         body = completion_body(
             model=self.info.model_id,
             prompt_token_ids=prompt_token_ids,
@@ -198,7 +201,12 @@ class HttpEngine:
             )
         card = cards[ids.index(self.model_id)]
         flavour: Flavour = "kvgate" if card.get("owned_by") == "kvgate" else "vllm"
-        info = kv_info.json() if kv_info.status_code == 200 else {}
+        try:
+            info = kv_info.json() if kv_info.status_code == 200 else {}
+        except ValueError:
+            info = {}
+        if not isinstance(info, dict):
+            info = {}
         return EngineInfo(
             engine_id=str(info.get("engine_id") or self.base_url.rstrip("/")),
             model_id=self.model_id,
@@ -206,6 +214,8 @@ class HttpEngine:
             flavour=flavour,
             block_size=int(info.get("block_size") or (16 if flavour == "kvgate" else self.vllm_block_size)),
             hash_algo=str(info.get("hash_algo") or "sha256"),
+            kv_events_subject=str(info["kv_events_subject"]) if info.get("kv_events_subject") else None,
+            shared_tier=bool(info.get("shared_tier")),
         )
 
     def _forget(self, request_id: str) -> None:

@@ -1,8 +1,9 @@
 """EnginePool: several remote engines (KVGATE_ENGINES) as one EngineClient.
 
-Each request is routed by a gateway.routing.types.Router (weighted least-loaded unless a
-router_factory says otherwise) over the engines that are known and healthy, with the loads this
-gateway put on them. A background task probes every engine: GET /health every interval while it
+Each request is routed by a gateway.routing.types.Router over the engines that are known and
+healthy, with the loads this gateway put on them: the cache-aware router when the pool has a
+PoolRouting (gateway.backends.pool_routing: what `kvgate serve` gives it), else the router_factory's
+(weighted least-loaded by default). A background task probes every engine: GET /health every interval while it
 answers; when it does not, with exponential backoff (capped); an engine that has never answered
 is described (GET /v1/models, GET /kv/info) once it does, and joins. An engine whose connection
 fails under a request is taken out at once, and probed back in. A request whose engine fails
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -29,6 +32,11 @@ from gateway.routing.types import RouteDecision, Router
 from inference.hashing import BlockHash, BlockHasher
 from inference.stats import EngineStats
 from inference.types import DEFAULT_TTL_S, CacheSpec, EngineError, EngineUnavailableError, SamplingParams
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from gateway.backends.pool_routing import PoolRouting
 
 log = structlog.get_logger("kvgate.gateway.pool")
 
@@ -46,6 +54,7 @@ class EnginePool:
         *,
         model: ServedModel,
         router_factory: RouterFactory = LeastLoadedRouter,
+        routing: PoolRouting | None = None,
         health: HealthPolicy | None = None,
         start_wait_s: float = 60.0,
         vllm_block_size: int = 16,
@@ -66,6 +75,7 @@ class EnginePool:
         self.router: Router | None = None
         self.hasher: BlockHasher | None = None
         self._router_factory = router_factory
+        self.routing = routing  # when set, it builds the router (router_factory is unused) and follows joins
         self._start_wait_s = start_wait_s
         self._max_model_len = 0
         self._handles: dict[str, PoolHandle] = {}
@@ -116,7 +126,12 @@ class EnginePool:
         assert first is not None
         self._max_model_len = min(m.engine.max_model_len for m in known)
         self.hasher = BlockHasher(model_id=first.model_id, block_size=first.block_size, algo=first.hash_algo)  # type: ignore[arg-type]
-        self.router = self._router_factory(self.weights)
+        if self.routing is not None:
+            self.router = await self.routing.build(
+                self.members, model_id=first.model_id, block_size=first.block_size, weights=self.weights
+            )
+        else:
+            self.router = self._router_factory(self.weights)
         self._health_task = loop.create_task(self._health_loop(), name="engine-pool-health")
 
     async def shutdown(self, timeout_s: float | None = None) -> None:
@@ -127,13 +142,20 @@ class EnginePool:
         for handle in list(self._handles.values()):
             handle.cancel()
         await asyncio.gather(*(m.engine.shutdown(timeout_s) for m in self.members), return_exceptions=True)
+        if self.routing is not None:
+            await self.routing.close()
+
+    def attach_metrics(self, registry: CollectorRegistry) -> None:
+        """Put the router's metrics on the app's registry (called by the app's lifespan before start())."""
+        if self.routing is not None:
+            self.routing.attach_metrics(registry)
 
     def submit(
         self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, request_id: str | None = None
     ) -> PoolHandle:
         if not any(m.routable for m in self.members):
             raise EngineUnavailableError(self.unavailable_reason())
-        request_id = request_id or f"pool-{id(object()):x}"
+        request_id = request_id or f"pool-{uuid.uuid4().hex}"
         handle = PoolHandle(self, request_id, tuple(prompt_token_ids), params, cache)
         self._handles[request_id] = handle
         handle.start()
@@ -157,10 +179,11 @@ class EnginePool:
         return "no engine is available: " + "; ".join(f"{m.url}: {m.reason or 'not answering'}" for m in self.members)
 
     def block_hashes(self, prompt_token_ids: Sequence[int], salt: str | None) -> list[BlockHash]:
-        """The request's salted chained block hashes, as the engines compute them (for the router)."""
+        """The request's salted chained block hashes, as the engines compute them (for the router): those an
+        engine can hold, so never the block of the last prompt token (always recomputed, never committed)."""
         if self.hasher is None or not getattr(self.router, "uses_block_hashes", True):
             return []
-        return self.hasher.hash_blocks(prompt_token_ids, salt)
+        return self.hasher.hash_blocks(prompt_token_ids[: max(len(prompt_token_ids) - 1, 0)], salt)
 
     def choose(
         self, block_hashes: Sequence[BlockHash], cache: CacheSpec, *, exclude: set[str]
@@ -170,13 +193,22 @@ class EnginePool:
         if not candidates or self.router is None:
             return None
         loads = {engine_id: m.load() for engine_id, m in candidates.items()}
-        loop = asyncio.get_running_loop()
-        decision = self.router.choose(block_hashes, loads, ttl_s=request_ttl_s(cache), now=loop.time())
+        # Wall-clock epoch seconds: the clock of the events' expiries in the router's index.
+        decision = self.router.choose(block_hashes, loads, ttl_s=request_ttl_s(cache), now=time.time())
         member = candidates.get(decision.engine)
         if member is None:  # a router naming an engine it was not offered: take the least loaded
             member = min(candidates.values(), key=lambda m: (m.active / m.weight, m.url))
             decision = RouteDecision(member.engine_id, 0, "fallback")
         return member, decision
+
+    def record_actual(self, decision: RouteDecision, actual_hit_blocks: int) -> None:
+        """Tell the router the engine's real count; a router's failure here never fails the request."""
+        if self.router is None:
+            return
+        try:
+            self.router.record_actual(decision, actual_hit_blocks)
+        except Exception:
+            log.exception("router_record_actual_failed", engine=decision.engine)
 
     def connection_failed(self, member: Member, reason: str) -> None:
         """A request's connection to this engine failed: no traffic until a probe answers."""
@@ -246,6 +278,8 @@ class EnginePool:
             log.warning("engine_context_shorter", engine=member.url, max_model_len=info.max_model_len)
         member.known = True
         self.weights[info.engine_id] = member.weight
+        if self.routing is not None:
+            self.routing.engine_joined(member)
 
 
 def request_ttl_s(cache: CacheSpec) -> int:

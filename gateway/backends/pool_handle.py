@@ -74,12 +74,12 @@ class PoolHandle(QueuedHandle):
                 last_error = str(exc)
                 continue
             output = await self._relay(member, inner, queued=max(len(self.prompt_token_ids) - predicted, 0))
-            actual_blocks = output.usage.cached_tokens // block_size
-            if self.pool.router is not None:
-                self.pool.router.record_actual(decision, actual_blocks)
             retry = output.finish_reason == "error" and output.error_kind == "unavailable" and not inner.sent_any
             if not retry or self._cancelled:
-                return self.with_own_id(output)
+                # The engine's own count beside the prediction; an attempt that failed over read nothing
+                # and is not counted (its prediction would look like a miss).
+                self.pool.record_actual(decision, output.usage.cached_tokens // block_size)
+                return self.relayed(output, started_after_s=inner.started_at - self.started_at)
             last_error = output.error or "the engine failed"
             if inner.transport_failed:
                 self.pool.connection_failed(member, last_error)

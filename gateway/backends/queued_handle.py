@@ -33,6 +33,13 @@ class QueuedHandle:
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._main(), name=f"request-{self.request_id}")
+        self._task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        # A task cancelled before its first step never runs _main's handlers: end the request here.
+        if not self._result.done():
+            self._result.set_result(self.output("cancelled"))
+            self._deltas.put_nowait(None)
 
     async def _run(self) -> RequestOutput:
         raise NotImplementedError
@@ -84,8 +91,17 @@ class QueuedHandle:
             error_kind=kind,
         )
 
-    def with_own_id(self, output: RequestOutput) -> RequestOutput:
-        return replace(output, request_id=self.request_id, text="".join(self._text))
+    def relayed(self, output: RequestOutput, *, started_after_s: float) -> RequestOutput:
+        """An inner handle's output as this handle's: its id, its text, and times from this handle's start
+        (the inner one started started_after_s later, after any engines that failed first)."""
+        ttft_s = None if output.ttft_s is None else output.ttft_s + started_after_s
+        return replace(
+            output, request_id=self.request_id, text="".join(self._text), ttft_s=ttft_s, latency_s=self.elapsed_s
+        )
+
+    @property
+    def started_at(self) -> float:
+        return self._started
 
     async def __aiter__(self) -> AsyncIterator[TokenDelta]:
         while (delta := await self._deltas.get()) is not None:

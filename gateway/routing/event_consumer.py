@@ -219,7 +219,10 @@ class KVEventConsumer:
             self._connected = False
 
         async def reconnected() -> None:
-            self._connected = True
+            # Back within nats-py's one retry (a NATS restart of a second): batches may have been missed
+            # meanwhile, and the ephemeral consumer may not have survived the restart. Start afresh, as
+            # for a lost connection: a new subscription, and every engine resynced.
+            lost.set()
 
         async def closed() -> None:
             lost.set()
@@ -228,7 +231,8 @@ class KVEventConsumer:
             log.debug("kv_events_error", error=str(exc) or type(exc).__name__)
 
         # nats-py's own reconnection is cut short (one retry), so that a lost server ends up in the
-        # loop above: a fresh subscription and resyncs, with backoff and a log line per attempt.
+        # loop above: a fresh subscription and resyncs, with backoff and a log line per attempt; a
+        # reconnection that succeeds goes the same way.
         self._nc = await nats.connect(
             servers=[self.nats_url],
             connect_timeout=5,

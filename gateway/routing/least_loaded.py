@@ -18,7 +18,7 @@ class LeastLoadedRouter:
     load = (active + queued_prefill_tokens / 1024) / weight, so an engine of weight 2 takes twice
     the concurrent requests of one of weight 1. Ties (an idle pool) go to the engine that has been
     chosen least per unit of weight, so that sequential requests spread in proportion to the
-    weights too. `weights` is read at each call
+    weights too; a full tie (nothing chosen yet) to the heaviest engine. `weights` is read at each call
     (the pool keeps it current as engines become known); an engine missing there weighs 1.
     """
 
@@ -33,10 +33,10 @@ class LeastLoadedRouter:
         if not candidates:
             raise LookupError("no healthy engine to route to")
 
-        def score(engine: str) -> tuple[float, float, str]:
+        def score(engine: str) -> tuple[float, float, float, str]:
             load, weight = loads[engine], self.weights.get(engine, 1.0)
             busy = load.active + load.queued_prefill_tokens / PREFILL_TOKENS_PER_REQUEST
-            return busy / weight, self._chosen.get(engine, 0) / weight, engine
+            return busy / weight, self._chosen.get(engine, 0) / weight, -weight, engine
 
         engine = min(candidates, key=score)
         self._chosen[engine] = self._chosen.get(engine, 0) + 1

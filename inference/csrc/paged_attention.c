@@ -38,11 +38,16 @@ typedef struct {
     float scale;
     int32_t is_bf16;
     int32_t num_threads;
+    int64_t num_decode; /* rows [0, num_decode) are decode rows: the bf16 kernel gives them tile_decode_row */
 } AttnArgs;
 
 /* Query vectors (rows x heads of one KV head) per tile: the generic kernel takes TILE_ROWS rows;
  * the bf16 kernel about FAST_TILE_VECS vectors, since it lays each KV block out once per tile
  * (96 measured a little faster than 48, and twice as fast as 24, at 4k tokens). */
+/* Decode-only calls below this many (key, query head) pairs run single-threaded (~0.3-0.6 ms). */
+#define DECODE_SERIAL_WORK (int64_t)100000
+/* The decode-row kernel keeps a row's query heads of one KV head in registers: up to this many. */
+#define DECODE_MAX_G 16
 enum { TILE_ROWS = 8, MAX_D = 256, MAX_BS = 64, MAX_VECS = TILE_ROWS * 16, FAST_TILE_VECS = 96 };
 
 static inline float bf16_to_f32(uint16_t x) {
@@ -321,6 +326,107 @@ static inline __attribute__((always_inline)) void tile_bf16_d(const AttnArgs *a,
     }
 }
 
+/*
+ * One decode row (a generated token's query) and one KV head, bf16 pool, D 64 or 128,
+ * block_size 16. The tile kernel above spends a 16-lane group and a per-block layout of
+ * keys and values on every tile, which for the G (= H / KVH) query vectors of a lone row
+ * is mostly waste; here each key row is read straight from the pool instead: scores by
+ * vdpbf16ps then a fixed-order horizontal sum, the online softmax over each block's 16
+ * scores in one register, and p.v in float32 FMAs over the block's keys in order.
+ * A row's result depends only on its q, its keys and this order: decode rows always come
+ * here (whatever else is in the call), prompt rows never do.
+ */
+/* r[i] = the sum of t[i]'s 16 lanes, by a fixed tree of in-lane and cross-lane shuffles. */
+static inline __m512 lane_sums16(const __m512 *t) {
+    __m512 a[8], b[4], c[2];
+    for (int k = 0; k < 8; k++) /* per 128-bit chunk: t2k[0]+t2k[2], t2k+1[0]+t2k+1[2], t2k[1]+t2k[3], ... */
+        a[k] = _mm512_add_ps(_mm512_unpacklo_ps(t[2 * k], t[2 * k + 1]), _mm512_unpackhi_ps(t[2 * k], t[2 * k + 1]));
+    for (int k = 0; k < 4; k++) /* per chunk: the chunk sums of t4k .. t4k+3 */
+        b[k] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(a[2 * k], a[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int k = 0; k < 2; k++) /* chunks: t8k..+3 (chunks 0+1), (2+3), t8k+4..+7 (0+1), (2+3) */
+        c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(b[2 * k], b[2 * k + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static inline __attribute__((always_inline)) void tile_decode_row_d(const AttnArgs *a, int64_t row, int64_t kvh,
+                                                                      const int D) {
+    const int NZ = D / 32, NF = D / 16; /* q/k registers (bf16 pairs), accumulator registers */
+    const int64_t KVH = a->KVH, G = a->H / a->KVH, stride = KVH * D;
+    const int32_t *table = a->block_tables + (int64_t)a->row_seq[row] * a->table_stride;
+    const int32_t pos = a->row_pos[row];
+    const uint16_t *kc = (const uint16_t *)a->k_cache, *vc = (const uint16_t *)a->v_cache;
+    __m512bh q[DECODE_MAX_G][4];
+    __m512 acc[DECODE_MAX_G][8];
+    float m[DECODE_MAX_G], l[DECODE_MAX_G];
+    for (int64_t g = 0; g < G; g++) {
+        const uint16_t *qr = (const uint16_t *)a->q + row * a->q_stride_t + (kvh * G + g) * a->q_stride_h;
+        for (int z = 0; z < NZ; z++) q[g][z] = (__m512bh)_mm512_loadu_si512(qr + 32 * z);
+        for (int j = 0; j < NF; j++) acc[g][j] = _mm512_setzero_ps();
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const __m512 scale = _mm512_set1_ps(a->scale);
+    for (int64_t b = 0; b * 16 <= pos; b++) {
+        const int64_t block = table[b];
+        const uint16_t *kb = kc + (block * 16 * KVH + kvh) * D, *vb = vc + (block * 16 * KVH + kvh) * D;
+        const int nkeys = (b + 1) * 16 <= pos + 1 ? 16 : (int)(pos + 1 - b * 16);
+        const __mmask16 live = nkeys == 16 ? (__mmask16)0xffff : (__mmask16)((1u << nkeys) - 1);
+        float s[DECODE_MAX_G][16] __attribute__((aligned(64))); /* each vector's p for the block's keys */
+        for (int64_t g = 0; g < G; g++) {
+            /* All 16 key slots of the block are read (the pool holds them; past the row's last
+               key they are stale), and each slot's score lands in its own lane only: the lanes
+               past the last key are masked out below. */
+            __m512 t[16];
+            for (int i = 0; i < 16; i++) {
+                t[i] = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[g][0], (__m512bh)_mm512_loadu_si512(kb + i * stride));
+                for (int z = 1; z < NZ; z++)
+                    t[i] = _mm512_dpbf16_ps(t[i], q[g][z], (__m512bh)_mm512_loadu_si512(kb + i * stride + 32 * z));
+            }
+            const __m512 S = _mm512_mul_ps(lane_sums16(t), scale);
+            const float bmax = _mm512_mask_reduce_max_ps(live, S);
+            const float m_new = m[g] > bmax ? m[g] : bmax;
+            const float c = _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[g] - m_new)));
+            const __m512 p = _mm512_maskz_mov_ps(live, exp16(_mm512_sub_ps(S, _mm512_set1_ps(m_new))));
+            l[g] = l[g] * c + _mm512_reduce_add_ps(p);
+            m[g] = m_new;
+            const __m512 cv = _mm512_set1_ps(c);
+            for (int j = 0; j < NF; j++) acc[g][j] = _mm512_mul_ps(acc[g][j], cv);
+            _mm512_store_ps(s[g], p);
+        }
+        /* The block's values in float32 once, then each vector's p.v with its accumulators in registers. */
+        __m512 vf[16][8];
+        for (int i = 0; i < nkeys; i++)
+            for (int j = 0; j < NF; j++)
+                vf[i][j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(vb + i * stride + 16 * j))), 16));
+        for (int64_t g = 0; g < G; g++) {
+            __m512 o[8];
+            for (int j = 0; j < NF; j++) o[j] = acc[g][j];
+            for (int i = 0; i < nkeys; i++) {
+                const __m512 pi = _mm512_set1_ps(s[g][i]);
+                for (int j = 0; j < NF; j++) o[j] = _mm512_fmadd_ps(pi, vf[i][j], o[j]);
+            }
+            for (int j = 0; j < NF; j++) acc[g][j] = o[j];
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        uint16_t *o = (uint16_t *)a->out + (row * a->H + kvh * G + g) * D;
+        const __m512 inv = _mm512_set1_ps(1.0f / l[g]);
+        for (int j = 0; j < NF; j++)
+            _mm256_storeu_si256((__m256i *)(o + 16 * j), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[g][j], inv)));
+    }
+}
+
+static void tile_decode_row(const AttnArgs *a, int64_t row, int64_t kvh) {
+    if (a->D == 64)
+        tile_decode_row_d(a, row, kvh, 64);
+    else
+        tile_decode_row_d(a, row, kvh, 128);
+}
+
 static void tile_bf16(const AttnArgs *a, WorkItem w, RowState *st, FastTile *t) {
     if (a->D == 64)
         tile_bf16_d(a, w, st, t, 64);
@@ -348,8 +454,17 @@ int kvgate_paged_attention(const AttnArgs *a) {
     const int fast = kvgate_uses_avx512bf16(a);
     /* The bf16 kernel lays out each KV block once per tile: bigger tiles share that work. */
     const int64_t tile_rows = fast ? FAST_TILE_VECS / G : TILE_ROWS;
-    int64_t n = 0, r0 = 0;
-    for (int64_t r = 1; r <= a->T; r++) {
+    /* Decode rows (the leading num_decode) get one item per row and KV head (r1 = -1 marks them). */
+    const int64_t num_decode = fast && G <= DECODE_MAX_G ? (a->num_decode < a->T ? a->num_decode : a->T) : 0;
+    int64_t n = 0, r0 = num_decode, keys = 0;
+    for (int64_t r = 0; r < num_decode; r++) {
+        for (int64_t h = 0; h < a->KVH; h++) items[n++] = (WorkItem){r, -1, h};
+        keys += a->row_pos[r] + 1;
+    }
+    /* Decode-only calls with little work run on the calling thread: waking a sleeping
+       (passive) OpenMP team costs more than they take. */
+    const int threads = r0 == a->T && keys * a->H < DECODE_SERIAL_WORK ? 1 : a->num_threads;
+    for (int64_t r = r0 + 1; r <= a->T; r++) {
         int cut = r == a->T || r - r0 == tile_rows || a->row_seq[r] != a->row_seq[r0] ||
                   a->row_pos[r] != a->row_pos[r - 1] + 1;
         if (!cut) continue;
@@ -357,7 +472,7 @@ int kvgate_paged_attention(const AttnArgs *a) {
         r0 = r;
     }
     int failed = 0;
-#pragma omp parallel num_threads(a->num_threads)
+#pragma omp parallel num_threads(threads)
     {
         RowState *st = aligned_alloc(64, sizeof(RowState) * (MAX_VECS > FAST_TILE_VECS ? MAX_VECS : FAST_TILE_VECS));
 #ifdef __AVX512BF16__
@@ -374,6 +489,10 @@ int kvgate_paged_attention(const AttnArgs *a) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < n; i++) {
 #ifdef __AVX512BF16__
+                if (items[i].r1 < 0) {
+                    tile_decode_row(a, items[i].r0, items[i].kvh);
+                    continue;
+                }
                 if (fast) {
                     tile_bf16(a, items[i], st, ft);
                     continue;

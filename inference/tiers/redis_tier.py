@@ -28,6 +28,11 @@ Round trips, each a pipeline of up to chunk_blocks blocks:
   writer computed the same bytes), GT lets a longer TTL win. refresh() sends PEXPIRE GT
   alone: GETEX would move the value over the network and could shorten the expiry.
 
+KV events (attach_events): under the medium "REMOTE", this engine reports the keys it knows
+of (stored, found by a lookup, refreshed: BlockStored with the expiry it knows) and those it
+finds gone (BlockRemoved); expiry() tells the event log's sweep what it knows now. Routers count
+these blocks as readable by every engine with the tier, whichever engine reported them.
+
 Redis down or slow is a miss, never an error: every call has a short socket timeout,
 no retries, and a circuit breaker skips calls for a growing backoff after a failure.
 Failures and skips are counted in stats (errors, skipped).
@@ -61,6 +66,7 @@ from inference.tiers.stats import TierStats
 from inference.tiers.transfer import copy_block, wait
 
 if TYPE_CHECKING:
+    from inference.kv_event_log import BlockEvents
     from inference.settings import EngineSettings
 
 log = structlog.get_logger(__name__)
@@ -129,6 +135,8 @@ class RedisTier:
         self._free_buffers = list(range(queue_blocks))
         self.writer = RedisWriter(self._write, max_queued=queue_blocks, batch_size=chunk_blocks)
         self._closed = False
+        self.events: BlockEvents | None = None
+        self.medium = "REMOTE"
 
     @classmethod
     def from_settings(
@@ -169,6 +177,23 @@ class RedisTier:
     @property
     def num_pending_stores(self) -> int:
         return self.writer.num_pending
+
+    # -- KV events --------------------------------------------------------------------------
+
+    def attach_events(self, events: BlockEvents, medium: str) -> None:
+        """Report the keys this engine knows of to events from now on, starting with those it knows already."""
+        now = self.clock.now()
+        with self._lock:
+            self.events, self.medium = events, medium
+            known = list(self._known.items())
+        for block_hash, expires_at in known:
+            if expires_at > now:
+                events.stored(medium, block_hash, None, max(int(expires_at - now), 1), expires_at)
+
+    def expiry(self, block_hash: BlockHash, now: float) -> float | None:
+        """The key's expiry as this engine knows it, or None when it knows of no such key."""
+        with self._lock:
+            return self._known.get(block_hash)
 
     # -- read path ----------------------------------------------------------------------
 
@@ -211,7 +236,7 @@ class RedisTier:
             return None
         expires_at = now + (pttl / 1000 if pttl >= 0 else parsed.ttl_s)
         entry = TierEntry(block_hash, parsed.token_ids, parsed.ttl_s, expires_at, now, checksum=parsed.payload_checksum)
-        self._remember(block_hash, expires_at)
+        self._remember(block_hash, expires_at, ttl_s=parsed.ttl_s)
         return entry
 
     def _matches(self, header: RecordHeader, block_hash: BlockHash) -> bool:
@@ -321,7 +346,7 @@ class RedisTier:
         """GETEX refreshed each key's expiry as it was read: note it in the local index."""
         now = self.clock.now()
         for entry in entries:
-            self._remember(entry.block_hash, now + entry.ttl_s)
+            self._remember(entry.block_hash, now + entry.ttl_s, ttl_s=entry.ttl_s, parent=entry.parent_hash)
 
     # -- write path ---------------------------------------------------------------------
 
@@ -338,6 +363,8 @@ class RedisTier:
             if entry.expires_at <= known + min(_REFRESH_LAG_S, entry.ttl_s / 10):
                 return True
             self._known[entry.block_hash] = entry.expires_at
+        if self.events is not None:
+            self.events.stored(self.medium, entry.block_hash, entry.parent_hash, entry.ttl_s, entry.expires_at)
         px = int((entry.expires_at - self.clock.now()) * 1000)
         if px > 0 and not self.breaker.is_open:
             self.writer.submit(RefreshJob(entry.detached(), px))
@@ -411,7 +438,8 @@ class RedisTier:
                     self.stats.bytes_written += self.layout.nbytes
             if isinstance(job, StoreJob) or extended:
                 # Stored now, or by another engine first (NX), or still there (refresh).
-                self._remember(job.entry.block_hash, now + job.px_ms / 1000)
+                entry = job.entry
+                self._remember(entry.block_hash, now + job.px_ms / 1000, ttl_s=entry.ttl_s, parent=entry.parent_hash)
             else:
                 self._forget(job.entry.block_hash, evicted=True)
 
@@ -479,17 +507,28 @@ class RedisTier:
         self._forget(block_hash, evicted=True)
         self._call(lambda: self.client.delete(self.key(block_hash)))
 
-    def _remember(self, block_hash: BlockHash, expires_at: float) -> None:
+    def _remember(
+        self, block_hash: BlockHash, expires_at: float, *, ttl_s: int, parent: BlockHash | None = None
+    ) -> None:
         with self._lock:
             known = self._known.pop(block_hash, None)
             self._known[block_hash] = expires_at if known is None else max(known, expires_at)
+            # Past capacity the oldest is only no longer indexed here (it may well still be in Redis):
+            # no removal is reported; the event log's sweep reports it when its known expiry passes.
             while len(self._known) > self._capacity:
                 self._known.popitem(last=False)
+            events = self.events
+        if events is not None and (known is None or expires_at > known):
+            events.stored(self.medium, block_hash, parent, ttl_s, expires_at)
 
     def _forget(self, block_hash: BlockHash, *, evicted: bool) -> None:
         with self._lock:
-            if self._known.pop(block_hash, None) is not None and evicted:
+            known = self._known.pop(block_hash, None) is not None
+            if known and evicted:
                 self.stats.evictions += 1
+            events = self.events
+        if known and events is not None:
+            events.removed(self.medium, block_hash)
 
 
 _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

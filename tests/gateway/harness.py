@@ -120,11 +120,13 @@ class GatewayServer:
         billing: Any = None,
         discover_billing: bool = False,
         wrap_engine: Callable[[Any], Any] | None = None,
+        engine_factory: Callable[[GatewaySettings, EngineSettings], Any] | None = None,
         **settings: Any,
     ) -> None:
         """`billing`: the hooks to use (a ScriptedBilling by default); `discover_billing`: none, so the
         app builds billing's real hooks as `kvgate serve` does; `wrap_engine`: applied to the engine the
-        app builds (for tests that need to hold requests in flight)."""
+        app builds (for tests that need to hold requests in flight); `engine_factory(settings, engine_settings)`:
+        the engine client instead of the embedded engine (gateway.backends.factory.engine_client for KVGATE_ENGINES)."""
         self.database_url = database_url
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
@@ -142,11 +144,13 @@ class GatewayServer:
         # Billing's own hooks are tested by billing; here the seam gets a scripted one unless a test passes one.
         self._billing = None if discover_billing else billing if billing is not None else ScriptedBilling()
         wrap = wrap_engine or (lambda engine: engine)
-        self.app = create_app(
-            self.settings,
-            engine_factory=lambda: wrap(EmbeddedEngine(AsyncEngine.from_settings(engine_settings, clock=self.clock))),
-            billing=self._billing,
-        )
+
+        def make_engine() -> Any:
+            if engine_factory is not None:
+                return wrap(engine_factory(self.settings, engine_settings))
+            return wrap(EmbeddedEngine(AsyncEngine.from_settings(engine_settings, clock=self.clock)))
+
+        self.app = create_app(self.settings, engine_factory=make_engine, billing=self._billing)
         self._server = uvicorn.Server(
             uvicorn.Config(
                 self.app,

@@ -86,6 +86,7 @@ def test_usage_records_land_in_the_database(any_gateway: GatewayServer) -> None:
     completion = raw.parse()
     row = any_gateway.usage_record(raw.headers["request-id"])
     assert row is not None and row["endpoint"] == "chat.completions" and row["status"] == "ok"
+    assert (row["backend"], row["engine_id"], row["predicted_cached_tokens"]) == ("embedded", "embedded", None)
     assert (
         row["input_tokens"] + row["cache_write_5m_tokens"] + row["cache_read_tokens"] == completion.usage.prompt_tokens
     )

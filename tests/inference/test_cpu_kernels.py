@@ -85,6 +85,54 @@ def test_a_row_does_not_depend_on_chunking_or_neighbours(kernel, dtype):
     assert torch.equal(one_by_one, whole)
 
 
+def run_decode(kernel, k, v, table, rows, q_rows, num_decode, scale=0.125):
+    """Like run, with the leading num_decode rows marked as decode rows."""
+    seqs, poss = zip(*rows, strict=True)
+    layout = RowLayout(
+        torch.tensor(seqs, dtype=torch.int32), torch.tensor(poss, dtype=torch.int32), table, num_decode=num_decode
+    )
+    return kernel(torch.stack(q_rows), k, v, layout, scale)
+
+
+@pytest.mark.parametrize(("head_dim", "heads", "kv_heads"), [(64, 9, 3), (128, 8, 8), (64, 32, 2), (16, 4, 2)])
+def test_decode_rows_match_float32_sdpa(kernel, head_dim, heads, kv_heads):
+    lengths = [1, 16, 17, 40, 300]
+    k, v, table, q = make_case(torch.bfloat16, head_dim, heads, kv_heads, lengths, seed=3)
+    rows = [(s, n - 1) for s, n in enumerate(lengths)]  # each sequence's last position: a decode row
+    q_rows = [q[s][n - 1] for s, n in enumerate(lengths)]
+    out = run_decode(kernel, k, v, table, rows, q_rows, num_decode=len(rows), scale=head_dim**-0.5)
+    expected = torch.stack([reference(k, v, table[s], q[s], n)[-1] for s, n in enumerate(lengths)])
+    assert (out.float() - expected).abs().max().item() < 2e-2
+    wrong = run_decode(kernel, k, v, table, rows, q_rows, num_decode=len(rows), scale=2 * head_dim**-0.5)
+    assert (wrong.float() - expected).abs().max().item() > 0.2
+
+
+def test_a_decode_row_does_not_depend_on_the_rows_beside_it(kernel):
+    k, v, table, q = make_case(torch.bfloat16, 64, 9, 3, [300, 50, 120], seed=4)
+    alone = [run_decode(kernel, k, v, table, [(0, p)], [q[0][p]], 1) for p in (0, 15, 16, 200, 299)]
+    for i, p in enumerate((0, 15, 16, 200, 299)):
+        # Beside other decode rows, and before prompt rows of other sequences (a mixed step).
+        rows = [(1, 49), (0, p), (2, 119)] + [(1, r) for r in range(20, 45)] + [(2, r) for r in range(3)]
+        qs = [q[1][49], q[0][p], q[2][119]] + [q[1][r] for r in range(20, 45)] + [q[2][r] for r in range(3)]
+        mixed = run_decode(kernel, k, v, table, rows, qs, num_decode=3)
+        assert torch.equal(mixed[1], alone[i][0])
+        # The prompt rows are those of a call without decode rows.
+        prompt = run_decode(kernel, k, v, table, rows[3:], qs[3:], num_decode=0)
+        assert torch.equal(mixed[3:], prompt)
+
+
+def test_a_decode_row_ignores_the_slots_past_its_position(kernel):
+    """The decode-row loop reads whole blocks: what lies past the row's last key must not matter."""
+    k, v, table, q = make_case(torch.bfloat16, 64, 9, 3, [40], seed=5)
+    before = run_decode(kernel, k, v, table, [(0, 36)], [q[0][36]], 1)
+    last = int(table[0, 2])
+    k[last, 5:], v[last, 5:] = float("nan"), float("inf")  # positions 37..47 of the sequence
+    after = run_decode(kernel, k, v, table, [(0, 36)], [q[0][36]], 1)
+    assert torch.equal(after, before) and not after.isnan().any()
+    v[last, 4] = v[last, 4] * -3  # position 36, the row's own key: a change there shows
+    assert not torch.equal(run_decode(kernel, k, v, table, [(0, 36)], [q[0][36]], 1), before)
+
+
 def test_torch_sdpa_is_not_chunk_invariant_which_is_why_we_have_the_kernel():
     """Some prefix of a causal SDPA, computed alone, differs from the same rows of the whole.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from inference.cpu_linear import PackedLinear
 from inference.decode_linear import DecodeKernel, DecodeLinear, DecodeRows
 from inference.model_runner import Chunk, _plan_rows
 from inference.settings import EngineSettings
-from inference.types import SamplingParams
+from inference.types import CacheSpec, SamplingParams
 from tests.inference.helpers import checked, random_prompt
 
 KERNEL = DecodeKernel.load(EngineSettings().cache_dir)
@@ -145,3 +146,46 @@ def test_engine_routes_decode_rows_to_the_kernel_unless_told_not_to(make_engine,
     # continuation is computed, and cached, like any other prompt.
     again = checked(engine.generate(prompt + list(out), params))
     assert again.usage.cached_tokens > 0
+
+
+def test_decode_rows_are_counted_per_thread():
+    """Engines over one loaded model may step at once, each in its own thread."""
+    rows = DecodeRows()
+    rows.count = 5
+    seen: list[int] = []
+    thread = threading.Thread(target=lambda: seen.append(rows.count))
+    thread.start()
+    thread.join()
+    assert (rows.count, seen) == (5, [0])
+
+
+@needs_kernel
+def test_mixed_steps_and_recompute_after_preemption_give_the_solo_outputs(make_engine, tiny_llama_dir):
+    """bf16 with the decode kernel: prompt and decode rows share passes, and preempted requests
+    recompute their generated tokens as decode rows again; every output is still its solo run's."""
+    rng = random.Random(22)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    requests = [(f"r{i}", random_prompt(rng, rng.randrange(30, 90))) for i in range(8)]
+    roomy = make_engine(tiny_llama_dir, dtype="bfloat16")
+    solo = {rid: checked(roomy.generate(prompt, params)).token_ids for rid, prompt in requests}
+
+    tight = make_engine(tiny_llama_dir, dtype="bfloat16", kv_cache_blocks=24, max_num_batched_tokens=64)
+    assert tight.runner.decode_rows is not None
+    seen = {"mixed": 0, "spanning": 0}
+    execute = tight.runner.execute
+
+    def spy(chunks):
+        kinds = {c.start >= c.num_prompt_tokens for c in chunks}
+        seen["mixed"] += len(kinds) == 2
+        seen["spanning"] += any(c.start < c.num_prompt_tokens < c.end for c in chunks)
+        return execute(chunks)
+
+    tight.runner.execute = spy
+    for rid, prompt in requests:
+        tight.add_request(rid, prompt, params, CacheSpec())
+    outs = {}
+    while tight.has_unfinished():
+        outs.update({o.request_id: checked(o.finished).token_ids for o in tight.step() if o.finished})
+    assert tight.scheduler.num_preemptions > 0
+    assert seen["mixed"] > 0 and seen["spanning"] > 0  # both cases really ran
+    assert outs == solo

@@ -50,9 +50,9 @@ def served_model(tiny_llama_dir: Path) -> ServedModel:
 
 
 @contextmanager
-def serve_on(model_dir: Path, port: int) -> Iterator[str]:
+def serve_on(model_dir: Path, port: int, **overrides: object) -> Iterator[str]:
     """An in-process engine server on a given port (to stop one and bring it back where the pool knows it)."""
-    engine = AsyncEngine(tiny_settings(model_dir, num_threads=1))
+    engine = AsyncEngine(tiny_settings(model_dir, **{"num_threads": 1, "engine_id": f"127.0.0.1:{port}", **overrides}))
     server = uvicorn.Server(uvicorn.Config(create_app(engine), log_config=None, lifespan="on"))
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

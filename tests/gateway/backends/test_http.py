@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -127,3 +128,13 @@ async def test_an_engine_that_does_not_answer_is_unavailable(served_model: Serve
     with pytest.raises(EngineUnavailableError):
         nobody.submit([1, 2, 3], GREEDY, CacheSpec())
     await nobody.shutdown()
+
+
+async def test_a_request_cancelled_at_once_still_ends(remote: HttpEngine) -> None:
+    handle = remote.submit(token_prompt(30, seed=109), GREEDY, CacheSpec())
+    handle.cancel()  # before its task ever ran
+    output = await asyncio.wait_for(handle.result(), timeout=60)
+    assert output.finish_reason == "cancelled" and output.usage.completion_tokens == 0
+    assert [delta async for delta in handle] == []
+    done, _ = await _run(remote, token_prompt(30, seed=110), CacheSpec())
+    assert done.finish_reason == "length"

@@ -41,6 +41,13 @@ async def _wait_for(condition, what: str, timeout_s: float = 120.0) -> None:
             await asyncio.sleep(0.05)
 
 
+def engine_id(server: RunningServer) -> str:
+    """The id the engine gives in /kv/info (the pool's and the router's name for it)."""
+    core = server.engine.core
+    assert core is not None
+    return core.engine_id
+
+
 class FirstChoice:
     """A router that takes the first engine it is offered in `order`, and records what it learns."""
 
@@ -66,7 +73,7 @@ async def test_routes_with_the_pluggable_router_and_records_placement(
     routers: list[FirstChoice] = []
 
     def factory(weights: Mapping[str, float]) -> FirstChoice:
-        routers.append(FirstChoice([engine_b.url, engine_a.url]))
+        routers.append(FirstChoice([engine_id(engine_b), engine_id(engine_a)]))
         return routers[-1]
 
     pool = EnginePool([EngineSpec(engine_a.url), EngineSpec(engine_b.url)], model=served_model, router_factory=factory)
@@ -79,14 +86,14 @@ async def test_routes_with_the_pluggable_router_and_records_placement(
         assert output.usage.cached_tokens == expected_hit(50)
         assert handle.attempts == [engine_b.url]
         assert handle.placement is not None
-        assert (handle.placement.backend, handle.placement.engine_id) == ("kvgate", engine_b.url)
+        assert (handle.placement.backend, handle.placement.engine_id) == ("kvgate", engine_id(engine_b))
         assert handle.placement.predicted_cached_tokens == 32
         router = routers[0]
         # The router saw the engines' own salted chained hashes, and learned the real count.
         assert router.seen[-1] == engine_b.engine.core.hasher.hash_blocks(prompt, salt)
         assert router.seen[-1] != engine_b.engine.core.hasher.hash_blocks(prompt, unique_salt())
         assert router.actual[-1][1] == expected_hit(50) // 16
-        assert pool.weights == {engine_a.url: 1.0, engine_b.url: 1.0}
+        assert pool.weights == {engine_id(engine_a): 1.0, engine_id(engine_b): 1.0}
     finally:
         await pool.shutdown()
 
@@ -105,8 +112,9 @@ async def test_fails_over_before_the_first_token(
         handle, output = await _run(pool, token_prompt(40, seed=202), CacheSpec(unique_salt()))
         assert output.finish_reason == "length", output.error
         assert handle.attempts == [dying, engine_b.url]
-        assert handle.placement.engine_id == engine_b.url
+        assert handle.placement.engine_id == engine_id(engine_b)
         assert output.usage.prompt_tokens == 40 and output.usage.completion_tokens == GREEDY.max_tokens
+        assert output.ttft_s is not None and 0 < output.ttft_s <= output.latency_s
         dead = next(m for m in pool.members if m.url == dying)
         assert not dead.routable and "failed before the first token" in dead.reason
         # Now it gets no traffic at all.
@@ -114,6 +122,23 @@ async def test_fails_over_before_the_first_token(
         assert handle.attempts == [engine_b.url] and output.finish_reason == "length"
     finally:
         await pool.shutdown()
+
+
+async def test_an_overloaded_engine_is_skipped_but_kept(
+    tiny_llama_dir: Path, engine_b: RunningServer, served_model: ServedModel
+) -> None:
+    with serve_on(tiny_llama_dir, free_port(), max_waiting=0) as full:  # refuses every request: 503
+        pool = EnginePool([EngineSpec(full, 100.0), EngineSpec(engine_b.url)], model=served_model, health=QUIET)
+        await pool.start()
+        try:
+            await _wait_for(lambda: all(m.routable for m in pool.members), "both engines known")
+            handle, output = await _run(pool, token_prompt(40, seed=208), CacheSpec(unique_salt()))
+            assert output.finish_reason == "length"
+            assert handle.attempts == [full, engine_b.url]
+            # A 503 is the engine's answer, not a dead engine: it stays in the pool.
+            assert all(m.routable for m in pool.members)
+        finally:
+            await pool.shutdown()
 
 
 async def test_a_failure_mid_stream_ends_with_an_error_and_the_usage_sent(

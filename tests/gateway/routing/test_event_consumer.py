@@ -370,3 +370,50 @@ async def test_a_lost_connection_is_replaced_and_every_engine_resynced(publisher
         await until(lambda: matched(index, "e5") == PrefixMatch(4, 0, 0), "a batch on the new subscription")
     finally:
         await consumer.close()
+
+
+async def test_a_nats_restart_ends_in_a_fresh_subscription_and_a_resync(snapshot_server, tmp_path):
+    """Whether nats-py's one reconnection attempt succeeds (a quick restart) or not, batches the consumer
+    may have missed are made up by resyncing, and batches after the restart are applied."""
+    from tests.gateway.loopback_services import NATS_SERVER, NatsServer
+
+    if not NATS_SERVER.exists():
+        pytest.skip(f"{NATS_SERVER} is not installed")
+    server = await asyncio.to_thread(NatsServer, tmp_path)
+    registry = CollectorRegistry(auto_describe=False)
+    index = BlockIndex()
+    model_id = f"test-router-{uuid.uuid4().hex[:12]}"
+    snapshot_server.snapshots["e1"] = snapshot("e1", 0, [])
+    consumer = KVEventConsumer(
+        index,
+        nats_url=server.url,
+        model_id=model_id,
+        engines={"e1": f"{snapshot_server.url()}/e1"},
+        metrics=RoutingMetrics(registry),
+        backoff_s=0.05,
+    )
+    await consumer.start()
+    try:
+        await until(lambda: consumer.subscribed and consumer.last_seq("e1") == 0, "the start-up resync")
+        ok = sample(registry, "kvgate:router_resyncs_total", engine="e1", outcome="ok")
+        # The engine made batches 1-2 while NATS was away: only the snapshot knows of them.
+        snapshot_server.snapshots["e1"] = snapshot("e1", 2, HASHES[:2])
+        await asyncio.to_thread(server.stop)
+        await asyncio.to_thread(server.start)
+        await until(
+            lambda: sample(registry, "kvgate:router_resyncs_total", engine="e1", outcome="ok") > ok,
+            "a resync after the restart",
+        )
+        await until(lambda: consumer.subscribed and consumer.last_seq("e1") == 2, "the resynced seq")
+        assert matched(index, "e1") == PrefixMatch(2, 0, 0)
+        nc = await nats.connect(server.url)
+        try:
+            js = nc.jetstream()
+            await ensure_stream(js)
+            await Publisher(js, model_id).batch("e1", 3, stored(HASHES[2:3]))
+        finally:
+            await nc.close()
+        await until(lambda: matched(index, "e1") == PrefixMatch(3, 0, 0), "batch 3, after the restart")
+    finally:
+        await consumer.close()
+        await asyncio.to_thread(server.stop)

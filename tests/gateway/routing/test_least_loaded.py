@@ -24,6 +24,12 @@ def test_sequential_requests_spread_by_weight() -> None:
     assert Counter(_choose(even, {"a": IDLE, "b": IDLE, "c": IDLE}) for _ in range(30)) == {"a": 10, "b": 10, "c": 10}
 
 
+def test_the_heaviest_idle_engine_goes_first() -> None:
+    for names in (("a", "b"), ("b", "a")):
+        router = LeastLoadedRouter({names[0]: 1.0, names[1]: 100.0})
+        assert _choose(router, {names[0]: IDLE, names[1]: IDLE}) == names[1]
+
+
 def test_the_least_loaded_per_weight_wins() -> None:
     router = LeastLoadedRouter({"a": 1.0, "b": 1.0})
     assert _choose(router, {"a": EngineLoad(3, 0), "b": EngineLoad(1, 0)}) == "b"

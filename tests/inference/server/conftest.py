@@ -52,10 +52,14 @@ class RunningServer:
 
 @contextmanager
 def serve(settings: EngineSettings) -> Iterator[RunningServer]:
-    engine = AsyncEngine(settings)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_config=None, lifespan="on"))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # a free port, held so nothing can take it before uvicorn listens
+    if settings.engine_id is None:
+        # As `kvgate engine serve` names itself (host:port): in-process engines would otherwise all
+        # share this process's hostname-pid, and a pool refuses two engines with one id.
+        settings = settings.model_copy(update={"engine_id": f"127.0.0.1:{sock.getsockname()[1]}"})
+    engine = AsyncEngine(settings)
+    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_config=None, lifespan="on"))
     loop = asyncio.new_event_loop()
     thread = threading.Thread(
         target=lambda: loop.run_until_complete(server.serve(sockets=[sock])), name="test-server", daemon=True

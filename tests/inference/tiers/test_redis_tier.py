@@ -193,3 +193,50 @@ def test_a_restarted_engine_reads_its_blocks_back_from_redis(shared, tiny_llama_
     again = shared(tiny_llama_dir)
     warm = checked(again.generate(prompt, GREEDY_8, spec))
     assert warm.usage.cached_tokens_by_tier == by_tier(redis=144) and warm.token_ids == cold.token_ids
+
+
+def test_the_tier_reports_its_blocks_as_remote_kv_events_on_every_engine_that_knows_them(
+    shared, tiny_llama_dir, redis_client: redis.Redis
+):
+    """Stores (write-through), lookups by another engine, and expiry are KV events of medium REMOTE."""
+    from kvgate.kv_events import KVEventBatch
+    from tests.inference.kv_event_helpers import NATS_URL, removed_hashes, stored_events, unique_engine_id
+
+    # nats_url makes the engines collect events; the batches are read from the log's sink, not from NATS.
+    a = shared(tiny_llama_dir, nats_url=NATS_URL, engine_id=unique_engine_id())
+    b = shared(tiny_llama_dir, nats_url=NATS_URL, engine_id=unique_engine_id())
+    seen: dict[str, list[KVEventBatch]] = {"a": [], "b": []}
+    a.kv_events.set_sink(seen["a"].append)
+    b.kv_events.set_sink(seen["b"].append)
+    prompt, spec = random_prompt(random.Random(1616), 90), CacheSpec(salt=salt())
+    hashes = committed_hashes(a, prompt, spec.salt)
+    assert len(hashes) == 5
+
+    checked(a.generate(prompt, GREEDY_8, spec))
+    a.tiers.flush()  # the writer thread reports each block once Redis has it
+    a.kv_events_tick()
+    remote = stored_events(seen["a"], "REMOTE")
+    assert {h for e in remote for h in e.block_hashes} == set(hashes)
+    assert all(e.ttl_s == 300 and e.expires_at is not None and e.token_ids == [] for e in remote)
+    snapshot = {(block.medium, block.block_hash) for block in a.kv_events.snapshot().blocks}
+    assert {("REMOTE", h.hex()) for h in hashes} <= snapshot
+    # The paired negative: B has reported nothing of them before it reads them.
+    b.kv_events_tick()
+    assert not stored_events(seen["b"], "REMOTE")
+
+    warm = checked(b.generate(prompt, GREEDY_8, spec))
+    assert warm.usage.cached_tokens_by_tier == by_tier(redis=80)
+    b.kv_events_tick()
+    assert {h for e in stored_events(seen["b"], "REMOTE") for h in e.block_hashes} == set(hashes)
+
+    # Expiry: once the known expiry has passed, the sweep reports the blocks removed.
+    a.clock.advance(301)  # type: ignore[attr-defined]
+    a.kv_events_tick(sweep=True)
+    assert set(hashes) <= set(removed_hashes(seen["a"], "REMOTE"))
+    assert not {("REMOTE", h.hex()) for h in hashes} & {(x.medium, x.block_hash) for x in a.kv_events.snapshot().blocks}
+
+    # A key found gone is reported removed by the engine that knew it.
+    redis_client.delete(redis_tier(b).key(hashes[0]))
+    assert redis_tier(b).lookup(hashes[0], prompt[:16], b.clock.now()) is None
+    b.kv_events_tick()
+    assert hashes[0] in removed_hashes(seen["b"], "REMOTE")
