@@ -93,10 +93,15 @@ class GatewaySettings(KvgateSettings):
         0.6, ge=0, le=1, description="Router: credit per leading prompt block in the shared (Redis) tier."
     )
     route_w_load: float = Field(
-        2.0, ge=0, description="Router: cost, in blocks, of each request in flight on an engine."
+        8.0,
+        ge=0,
+        description="Router: cost, in blocks, of each request in flight on an engine (bench/route_sim.py --tune).",
     )
     route_w_queue: float = Field(
-        0.0625, ge=0, description="Router: cost, in blocks, of each prompt token queued for prefill on an engine."
+        0.0,
+        ge=0,
+        description="Router: cost, in blocks, of each prompt token queued for prefill on an engine (0: in-flight "
+        "requests alone price load, as bench/route_sim.py --tune chose).",
     )
     route_min_match_blocks: int = Field(
         2, ge=1, description="Router: a cached prefix shorter than this many blocks does not attract a request."

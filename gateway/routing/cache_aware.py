@@ -7,8 +7,9 @@ Per healthy engine, in blocks of prefill work (lowest wins):
 B is the request's full blocks; g, h and r its leading blocks the engine holds on its device, in
 its host or disk tiers, and can read from the shared tier (BlockIndex.match). α and β below 1 say
 that loading a block costs something, less than computing it. w_load prices a request in flight
-there in blocks; w_queue prices a queued prefill token (1/16: a block's worth of prefill per block
-waiting ahead).
+there in blocks; w_queue prices a queued prefill token. Their defaults (8 and 0) are what
+bench/route_sim.py --tune chose on the multi-turn and burst workloads: in-flight requests alone
+price load, and 8 blocks each kept p99 imbalance within 1.2x of round-robin's.
 
 Three rules keep prefix affinity from piling everything on one engine:
 - imbalance: when the busiest engine has more than `imbalance_abs` requests in flight above the
@@ -65,8 +66,8 @@ class RouteWeights:
 
     alpha: float = 0.8  # credit per block in a host or disk tier (loading beats recomputing)
     beta: float = 0.6  # credit per block in the shared tier (a network round trip per chunk)
-    w_load: float = 2.0  # blocks of cost per request in flight on the engine
-    w_queue: float = 1 / 16  # blocks of cost per queued prefill token (a block per block ahead)
+    w_load: float = 8.0  # blocks of cost per request in flight on the engine (tuned by bench/route_sim.py)
+    w_queue: float = 0.0  # blocks of cost per queued prefill token (tuned: 0; 1/16 would be a block per block ahead)
     min_match_blocks: int = 2  # shorter matches count as none
     imbalance_abs: int = 16  # busiest − least busy above this ...
     imbalance_rel: float = 1.5  # ... and busiest above this × least busy: send to the least busy

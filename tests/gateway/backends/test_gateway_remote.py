@@ -63,7 +63,7 @@ def test_the_gateway_runs_on_the_engines_without_the_weights(
     assert isinstance(engine, EnginePool)
     assert engine.model_id == remote_gateway.model == engine_a.engine.model_id
     assert [m.url for m in engine.members if m.routable] == [engine_a.url]
-    assert engine.weights == {engine_a.url: 2.0}
+    assert engine.weights == {engine_a.engine.core.engine_id: 2.0}  # engines go by their /kv/info id
     assert httpx.get(f"{remote_gateway.base_url}/healthz").status_code == 200
     assert remote_gateway.admin.get("/metrics").status_code == 200
 
@@ -89,7 +89,7 @@ def test_usage_records_say_where_the_request_ran(
     raw = _ask(remote_gateway, key)
     row = remote_gateway.usage_record(raw.headers["request-id"])
     assert row is not None and row["status"] == "ok"
-    assert (row["backend"], row["engine_id"]) == ("kvgate", engine_a.url)
+    assert (row["backend"], row["engine_id"]) == ("kvgate", engine_a.engine.core.engine_id)
     assert row["predicted_cached_tokens"] == 0  # the least-loaded router predicts nothing
     embedded = gateway.usage_record(_ask(gateway, gateway.new_key()).headers["request-id"])
     assert embedded is not None and (embedded["backend"], embedded["engine_id"]) == ("embedded", "embedded")

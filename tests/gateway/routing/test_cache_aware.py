@@ -30,8 +30,13 @@ def holding(engine: str, hashes, medium: str = "CPU", index: BlockIndex | None =
     return index
 
 
+# The load weights these cases are built on (a request in flight costs 2 blocks, a queued token 1/16);
+# the defaults (tuned by bench/route_sim.py) price load higher.
+TEST_WEIGHTS = {"w_load": 2.0, "w_queue": 1 / 16}
+
+
 def evented(index: BlockIndex, **weights) -> CacheAwareRouter:
-    return CacheAwareRouter(index, RouteWeights(**weights), has_events=lambda engine: True)
+    return CacheAwareRouter(index, RouteWeights(**{**TEST_WEIGHTS, **weights}), has_events=lambda engine: True)
 
 
 def test_the_engine_holding_the_prefix_wins():
@@ -113,7 +118,7 @@ def test_fallback_insertion_makes_the_second_turn_stick():
     turn1 = blocks(6)
     turn2 = turn1 + blocks(3, start=500)
     loads = {"a": IDLE, "b": IDLE}
-    without_events = CacheAwareRouter(BlockIndex())
+    without_events = CacheAwareRouter(BlockIndex(), RouteWeights(**TEST_WEIGHTS))
     first = without_events.choose(turn1, loads, ttl_s=300, now=NOW)
     other = "b" if first.engine == "a" else "a"
     busier = {first.engine: EngineLoad(1, 0), other: IDLE}
@@ -177,6 +182,8 @@ def test_engine_weights_scale_the_load():
     request = blocks(4, salt="new")
     loads = {"small": EngineLoad(2, 0), "big": EngineLoad(3, 0)}
     assert evented(BlockIndex()).choose(request, loads, ttl_s=0, now=NOW).engine == "small"
-    weighted = CacheAwareRouter(BlockIndex(), engine_weights={"big": 2.0}, has_events=lambda e: True)
+    weighted = CacheAwareRouter(
+        BlockIndex(), RouteWeights(**TEST_WEIGHTS), engine_weights={"big": 2.0}, has_events=lambda e: True
+    )
     assert weighted.choose(request, loads, ttl_s=0, now=NOW).engine == "big"  # 3/2 < 2
     assert weighted.costs(request, loads, now=NOW) == {"small": 8.0, "big": 7.0}

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.routing import event_consumer
-from gateway.routing.cache_aware import CacheAwareRouter
+from gateway.routing.cache_aware import CacheAwareRouter, RouteWeights
 from gateway.routing.event_consumer import KVEventConsumer, decode_snapshot, ensure_stream
 from gateway.routing.index import BlockIndex
 from gateway.routing.metrics import RoutingMetrics
@@ -263,7 +263,7 @@ async def test_without_nats_the_router_falls_back_to_its_own_choices():
     await consumer.start()
     try:
         assert not consumer.covers("a")
-        router = CacheAwareRouter(index, has_events=consumer.covers)
+        router = CacheAwareRouter(index, RouteWeights(w_load=2.0), has_events=consumer.covers)
         loads = {"a": EngineLoad(0, 0), "b": EngineLoad(0, 0)}
         first = router.choose(HASHES[:5], loads, ttl_s=300, now=1_000_000.0)
         busier = {**loads, first.engine: EngineLoad(1, 0)}
@@ -305,7 +305,7 @@ async def test_the_router_built_from_settings_follows_the_events(publisher, snap
     engines = {"x": f"{snapshot_server.url()}/x", "y": f"{snapshot_server.url()}/y"}
     snapshot_server.snapshots.update(x=snapshot("x", 0, []), y=snapshot("y", 0, []))
     registry = CollectorRegistry(auto_describe=False)
-    settings = GatewaySettings(_env_file=None, nats_url=NATS_URL)
+    settings = GatewaySettings(_env_file=None, nats_url=NATS_URL, route_w_load=2.0)
     stack = build_routing(settings, registry=registry, model_id=publisher.model_id, block_size=4, event_engines=engines)
     assert stack.consumer is not None
     await stack.consumer.start()
@@ -329,7 +329,7 @@ async def test_the_router_built_from_settings_follows_the_events(publisher, snap
         await stack.consumer.close()
     # Without KVGATE_NATS_URL there is no consumer, and every engine gets fallback insertions.
     plain = build_routing(
-        GatewaySettings(_env_file=None, nats_url=None),
+        GatewaySettings(_env_file=None, nats_url=None, route_w_load=2.0),
         registry=CollectorRegistry(),
         model_id="m",
         block_size=4,
