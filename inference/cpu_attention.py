@@ -49,6 +49,8 @@ def _library(cache_dir: str) -> ctypes.CDLL | None:
     lib.kvgate_paged_attention.restype = ctypes.c_int
     lib.kvgate_uses_avx512bf16.argtypes = [ctypes.POINTER(_Args)]
     lib.kvgate_uses_avx512bf16.restype = ctypes.c_int
+    lib.kvgate_uses_amx.argtypes = [ctypes.POINTER(_Args)]
+    lib.kvgate_uses_amx.restype = ctypes.c_int
     return lib
 
 
@@ -100,6 +102,12 @@ class CpuPagedAttention:
     def uses_avx512bf16(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
         args = _Args(D=head_dim, block_size=block_size, is_bf16=int(dtype == torch.bfloat16))
         return bool(self.lib.kvgate_uses_avx512bf16(ctypes.byref(args)))
+
+    def uses_amx(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
+        """Whether prompt rows run on AMX tiles here (bf16, built where the CPU has AMX, and
+        KVGATE_ATTENTION_AMX not "0")."""
+        args = _Args(D=head_dim, block_size=block_size, is_bf16=int(dtype == torch.bfloat16))
+        return bool(self.lib.kvgate_uses_amx(ctypes.byref(args)))
 
     @staticmethod
     def _args(

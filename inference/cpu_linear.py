@@ -4,12 +4,15 @@ A plain bf16 F.linear reorders its weight into oneDNN's blocked layout on every 
 for the one-row matmuls of decode that reorder costs more than the matmul. Packing
 once at load time halves small-batch latency. Every row's result is independent of
 the other rows in the call (tests/inference/test_cpu_kernels.py), which keeps outputs
-exact under batching.
+exact under batching. Where the CPU has AMX, oneDNN's matmul is not (its sums follow the
+call's row count), so there the weight is packed for our AMX kernel instead (amx_linear.py).
 """
 
 from __future__ import annotations
 
 import torch
+
+from inference.amx_linear import amx_linear_kernel
 
 
 class PackedLinear(torch.nn.Module):
@@ -18,11 +21,19 @@ class PackedLinear(torch.nn.Module):
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         weight = linear.weight.detach()
-        self.register_buffer("packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight), persistent=False)
+        self.amx = amx_linear_kernel() if weight.dtype == torch.bfloat16 else None
+        packed = self.amx.pack(weight) if self.amx else torch.ops.mkldnn._reorder_linear_weight(weight)
+        self.register_buffer("packed_weight", packed, persistent=False)
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.amx is not None:
+            flat = x.reshape(-1, self.in_features)
+            if flat.stride(-1) != 1:
+                flat = flat.contiguous()
+            out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias)
+            return out.reshape(*x.shape[:-1], self.out_features)
         if x.numel() == self.in_features:
             # oneDNN takes a different path for a single row (its sums come out in another
             # order); padding to two rows keeps every row on the path batches use.

@@ -14,6 +14,7 @@
  * Each is deterministic on its own; a process uses one of them for a given pool. Which
  * one is decided when the library is built (-march=native, on the machine that runs it).
  */
+#define _GNU_SOURCE /* syscall() */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -435,9 +436,251 @@ static void tile_bf16(const AttnArgs *a, WorkItem w, RowState *st, FastTile *t) 
 }
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define KVGATE_AMX 1
+#include <sys/syscall.h>
+#include <unistd.h>
+/*
+ * Prompt rows with AMX tiles (bf16 pool, D 64 or 128, block_size 16): the tiles of query
+ * vectors of tile_bf16_d, with the dot products of q.k and p.v on the tile unit, and the
+ * online softmax stepping over chunks of AMX_KEYS keys (4 pool blocks) that start at
+ * multiples of AMX_KEYS, so its order depends only on a vector's own position.
+ *
+ *  - scores: S^T = K . Q^T, a key per tile row and a query vector per column, so row i of
+ *    the result is tile_bf16_d's register S[i]; A is the pool's key rows read in place,
+ *    B the tile's queries transposed once (qT).
+ *  - softmax: per vector lane, as in group_softmax; p rounded to bf16 in key pairs (pT).
+ *  - values: O^T += V^T . P^T, a dimension per row and a vector per column, accumulated in
+ *    the tile unit from accT; accT is rescaled first when some lane's max moved, and a
+ *    factor of exactly 1 changes nothing, so a lane's sums never depend on its neighbours.
+ * Keys past the tile's last position are never read: their p is 0 and their values are 0.
+ */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+enum { AMX_KEYS = 64, AMX_BLOCKS = AMX_KEYS / 16, AMX_KP = AMX_KEYS / 2 };
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) TileConfig;
+
+typedef struct {
+    uint32_t qT[FAST_GROUPS][64][16]; /* lane u of qT[g][dp]: vector u's dims 2dp, 2dp+1 */
+    float accT[FAST_GROUPS][128][16]; /* accT[g][d][u]: vector u's running sum for dim d */
+    float m[FAST_GROUPS][16], lv[FAST_GROUPS][16];
+    int32_t pos[FAST_GROUPS][16];
+    float s[AMX_KEYS][16];    /* one group's scores for the chunk: key x vector */
+    uint32_t pT[AMX_KP][16];  /* lane u of pT[kp]: vector u's p for keys 2kp, 2kp+1 */
+    uint32_t w[AMX_KP][128];  /* the chunk's values in key pairs: w[kp][d] */
+    uint32_t vT[128][AMX_KP]; /* the same transposed: vT[d][kp] */
+} __attribute__((aligned(64))) AmxTile;
+
+/* Whether this process may use the tile registers (Linux has each process request them). */
+static int amx_permitted(void) {
+    static int state; /* 0: not asked yet, 1: granted, -1: refused */
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s == 0) {
+        const char *off = getenv("KVGATE_ATTENTION_AMX"); /* "0": the vdpbf16ps tiles instead, for A/B runs */
+        s = off && strcmp(off, "0") == 0 ? -1 : syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+    }
+    return s > 0;
+}
+
+/* Tiles are per thread, and oneDNN loads its own configuration between our calls. */
+static void amx_configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* dst[i][j] = src[j][i] for a 16 x 16 block of 32-bit words. */
+static inline void transpose16(const uint32_t *src, int64_t ss, uint32_t *dst, int64_t ds) {
+    __m512i r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(src + i * ss);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 4; i++) {
+            t[8 * h + i] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0x88);
+            t[8 * h + i + 4] = _mm512_shuffle_i32x4(r[8 * h + i], r[8 * h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+    for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + i * ds, r[i]);
+}
+
+/* vT for the chunk: the values of its first nkeys keys, from the blocks table[b0..], 0 past them. */
+static inline void amx_values(AmxTile *t, const AttnArgs *a, const int32_t *table, int64_t b0, int nkeys,
+                              int64_t kvh, const int D) {
+    const __m512i lo_idx = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7, 38, 6,
+                                            37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+    const int64_t stride = a->KVH * D;
+    const uint16_t *vc = (const uint16_t *)a->v_cache;
+    for (int kp = 0; kp < AMX_KP; kp++) {
+        const int key = 2 * kp;
+        const uint16_t *vb = key < nkeys ? vc + ((int64_t)table[b0 + key / 16] * 16 * a->KVH + kvh) * D : NULL;
+        const uint16_t *x_row = key < nkeys ? vb + (key % 16) * stride : NULL;
+        const uint16_t *y_row = key + 1 < nkeys ? vb + (key % 16 + 1) * stride : NULL;
+        for (int c = 0; c < D / 32; c++) {
+            const __m512i x = x_row ? _mm512_loadu_si512(x_row + 32 * c) : _mm512_setzero_si512();
+            const __m512i y = y_row ? _mm512_loadu_si512(y_row + 32 * c) : _mm512_setzero_si512();
+            _mm512_store_si512(t->w[kp] + 32 * c, _mm512_permutex2var_epi16(x, lo_idx, y));
+            _mm512_store_si512(t->w[kp] + 32 * c + 16, _mm512_permutex2var_epi16(x, hi_idx, y));
+        }
+    }
+    for (int h = 0; h < AMX_KP / 16; h++)
+        for (int j = 0; j < D / 16; j++) transpose16(&t->w[16 * h][16 * j], 128, &t->vT[16 * j][16 * h], AMX_KP);
+}
+
+/* One group's scores for the chunk's keys [0, nkeys) (rounded up to whole blocks) into t->s. */
+static inline void amx_scores(AmxTile *t, const AttnArgs *a, const int32_t *table, int64_t b0, int nblocks, int g,
+                              int64_t kvh, const int D) {
+    const int64_t stride_bytes = a->KVH * D * 2;
+    const uint16_t *kc = (const uint16_t *)a->k_cache;
+    for (int bi = 0; bi < nblocks; bi++) {
+        const uint16_t *kb = kc + ((int64_t)table[b0 + bi] * 16 * a->KVH + kvh) * D;
+        _tile_zero(0);
+        for (int c = 0; c < D / 32; c++) {
+            _tile_loadd(1, kb + 32 * c, stride_bytes);
+            _tile_loadd(2, t->qT[g][16 * c], 64);
+            _tile_dpbf16ps(0, 1, 2);
+        }
+        _tile_stored(0, t->s[16 * bi], 64);
+    }
+}
+
+/* The online softmax of group g over the chunk at key k0: m, lv, corr and pT. Returns whether any lane's max moved. */
+static inline int amx_softmax(AmxTile *t, int g, int64_t k0, int nkeys, int all_valid, float scale_f, __m512 *corr) {
+    const __m512 scale = _mm512_set1_ps(scale_f), neg_inf = _mm512_set1_ps(-INFINITY);
+    const __m512i P = _mm512_load_si512(t->pos[g]);
+    const int nk = (nkeys + 15) & ~15; /* whole blocks were scored; past them p is 0 */
+    __m512 mx = neg_inf;
+    for (int i = 0; i < nk; i++) {
+        __m512 S = _mm512_load_ps(t->s[i]);
+        if (!all_valid) {
+            S = _mm512_mask_mov_ps(neg_inf, _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), P), S);
+            _mm512_store_ps(t->s[i], S);
+        }
+        mx = _mm512_max_ps(mx, S);
+    }
+    const __m512 m_old = _mm512_load_ps(t->m[g]);
+    const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mx, scale));
+    *corr = exp16(_mm512_sub_ps(m_old, m_new));
+    const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                                           21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    __m512 sum = _mm512_setzero_ps();
+    for (int kp = 0; kp < AMX_KP; kp++) {
+        __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
+        if (2 * kp < nk) {
+            const __m512 s0 = _mm512_load_ps(t->s[2 * kp]), s1 = _mm512_load_ps(t->s[2 * kp + 1]);
+            p0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, neg_inf, _CMP_NEQ_OQ), exp16(_mm512_fmsub_ps(s0, scale, m_new)));
+            p1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, neg_inf, _CMP_NEQ_OQ), exp16(_mm512_fmsub_ps(s1, scale, m_new)));
+        }
+        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+        _mm512_store_si512(t->pT[kp], _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));
+    }
+    _mm512_store_ps(t->lv[g], _mm512_fmadd_ps(_mm512_load_ps(t->lv[g]), *corr, sum));
+    _mm512_store_ps(t->m[g], m_new);
+    return _mm512_cmp_ps_mask(m_new, m_old, _CMP_NEQ_OQ) != 0;
+}
+
+/* accT[g] = accT[g] * corr + V^T . P^T for the chunk. */
+static inline void amx_accumulate(AmxTile *t, int g, int moved, __m512 corr, const int D) {
+    float(*acc)[16] = t->accT[g];
+    if (moved)
+        for (int d = 0; d < D; d++) _mm512_store_ps(acc[d], _mm512_mul_ps(_mm512_load_ps(acc[d]), corr));
+    _tile_loadd(5, t->pT[0], 64);
+    _tile_loadd(6, t->pT[16], 64);
+    for (int j = 0; j < D / 16; j++) {
+        _tile_loadd(3, acc[16 * j], 64);
+        _tile_loadd(4, &t->vT[16 * j][0], AMX_KP * 4);
+        _tile_dpbf16ps(3, 4, 5);
+        _tile_loadd(4, &t->vT[16 * j][16], AMX_KP * 4);
+        _tile_dpbf16ps(3, 4, 6);
+        _tile_stored(3, acc[16 * j], 64);
+    }
+}
+
+static inline __attribute__((always_inline)) void tile_amx_d(const AttnArgs *a, WorkItem w, AmxTile *t, const int D) {
+    const int NP = D / 2;
+    const int64_t G = a->H / a->KVH;
+    const int32_t *table = a->block_tables + (int64_t)a->row_seq[w.r0] * a->table_stride;
+    const int64_t nvec = (w.r1 - w.r0) * G, ngroups = (nvec + 15) / 16;
+    const int32_t first_pos = a->row_pos[w.r0], last_pos = a->row_pos[w.r1 - 1];
+
+    memset(t->qT, 0, sizeof(uint32_t) * 64 * 16 * ngroups);
+    for (int64_t g = 0; g < ngroups; g++) memset(t->accT[g], 0, sizeof(float) * 16 * D);
+    for (int64_t v = 0; v < ngroups * 16; v++) {
+        const int64_t g = v / 16, u = v % 16;
+        t->m[g][u] = -INFINITY;
+        t->lv[g][u] = 0.0f;
+        t->pos[g][u] = v < nvec ? a->row_pos[w.r0 + v / G] : last_pos; /* a dummy lane sees every key */
+        if (v >= nvec) continue;
+        const uint32_t *row =
+            (const uint32_t *)((const uint16_t *)a->q + (w.r0 + v / G) * a->q_stride_t + (w.kvh * G + v % G) * a->q_stride_h);
+        for (int dp = 0; dp < NP; dp++) t->qT[g][dp][u] = row[dp];
+    }
+
+    for (int64_t k0 = 0; k0 <= last_pos; k0 += AMX_KEYS) {
+        const int nkeys = last_pos + 1 - k0 < AMX_KEYS ? (int)(last_pos + 1 - k0) : AMX_KEYS;
+        const int64_t b0 = k0 / 16;
+        amx_values(t, a, table, b0, nkeys, w.kvh, D);
+        const int all_valid = k0 + AMX_KEYS - 1 <= first_pos;
+        for (int g = 0; g < ngroups; g++) {
+            amx_scores(t, a, table, b0, (nkeys + 15) / 16, g, w.kvh, D);
+            __m512 corr;
+            const int moved = amx_softmax(t, g, k0, nkeys, all_valid, a->scale, &corr);
+            amx_accumulate(t, g, moved, corr, D);
+        }
+    }
+
+    for (int64_t v = 0; v < nvec; v++) {
+        const int64_t g = v / 16, u = v % 16, r = v / G, h = w.kvh * G + v % G;
+        uint16_t *o = (uint16_t *)a->out + ((w.r0 + r) * a->H + h) * D;
+        const float inv = 1.0f / t->lv[g][u];
+        for (int d = 0; d < D; d++) o[d] = f32_to_bf16(t->accT[g][d][u] * inv);
+    }
+}
+
+static void tile_amx(const AttnArgs *a, WorkItem w, AmxTile *t) {
+    if (a->D == 64)
+        tile_amx_d(a, w, t, 64);
+    else
+        tile_amx_d(a, w, t, 128);
+}
+#endif
+
 int kvgate_uses_avx512bf16(const AttnArgs *a) {
 #ifdef __AVX512BF16__
     return a->is_bf16 && (a->D == 64 || a->D == 128) && a->block_size == 16;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
+/* Whether prompt rows run on AMX tiles (tile_amx) in this process. */
+int kvgate_uses_amx(const AttnArgs *a) {
+#ifdef KVGATE_AMX
+    return kvgate_uses_avx512bf16(a) && amx_permitted();
 #else
     (void)a;
     return 0;
@@ -451,7 +694,7 @@ int kvgate_paged_attention(const AttnArgs *a) {
     /* Cut rows into tiles: consecutive rows of one sequence at consecutive positions. */
     WorkItem *items = malloc(sizeof(WorkItem) * (size_t)(a->T * a->KVH + 1));
     if (!items) return -2;
-    const int fast = kvgate_uses_avx512bf16(a);
+    const int fast = kvgate_uses_avx512bf16(a), amx = kvgate_uses_amx(a);
     /* The bf16 kernel lays out each KV block once per tile: bigger tiles share that work. */
     const int64_t tile_rows = fast ? FAST_TILE_VECS / G : TILE_ROWS;
     /* Decode rows (the leading num_decode) get one item per row and KV head (r1 = -1 marks them). */
@@ -482,7 +725,13 @@ int kvgate_paged_attention(const AttnArgs *a) {
 #endif
         float *kf = aligned_alloc(64, sizeof(float) * MAX_BS * MAX_D);
         float *vf = aligned_alloc(64, sizeof(float) * MAX_BS * MAX_D);
-        if (!st || !kf || !vf || !ft) {
+#ifdef KVGATE_AMX
+        AmxTile *at = amx ? aligned_alloc(64, sizeof(AmxTile)) : NULL;
+        if (at) amx_configure();
+#else
+        void *at = NULL;
+#endif
+        if (!st || !kf || !vf || !ft || (amx && !at)) {
 #pragma omp atomic write
             failed = 1;
         } else {
@@ -493,6 +742,12 @@ int kvgate_paged_attention(const AttnArgs *a) {
                     tile_decode_row(a, items[i].r0, items[i].kvh);
                     continue;
                 }
+#ifdef KVGATE_AMX
+                if (amx) {
+                    tile_amx(a, items[i], at);
+                    continue;
+                }
+#endif
                 if (fast) {
                     tile_bf16(a, items[i], st, ft);
                     continue;
@@ -505,8 +760,13 @@ int kvgate_paged_attention(const AttnArgs *a) {
         free(ft);
         free(kf);
         free(vf);
+#ifdef KVGATE_AMX
+        if (at) _tile_release();
+#endif
+        free(at);
     }
     free(items);
     (void)fast;
+    (void)amx;
     return failed ? -2 : 0;
 }

@@ -161,7 +161,12 @@ def test_packed_linear_rows_do_not_depend_on_the_batch(out_features, in_features
     packed = PackedLinear(linear)
     x = torch.randn(1, 300, in_features, dtype=torch.bfloat16)
     full = packed(x)
-    assert torch.equal(full, F.linear(x, linear.weight, linear.bias))
+    if packed.amx is None:  # oneDNN's packed weight: the same sums as its plain matmul
+        assert torch.equal(full, F.linear(x, linear.weight, linear.bias))
+    else:  # our AMX kernel (amx_linear.py): its own order of sums, as close as oneDNN's to float32
+        expected = F.linear(x.float(), linear.weight.float(), None if linear.bias is None else linear.bias.float())
+        onednn_error = (F.linear(x, linear.weight, linear.bias).float() - expected).abs().max()
+        assert (full.float() - expected).abs().max() <= 2 * onednn_error
     for start, rows in ((0, 1), (1, 1), (7, 1), (5, 3), (20, 16), (40, 257)):
         assert torch.equal(packed(x[:, start : start + rows]), full[:, start : start + rows])
 

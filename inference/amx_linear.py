@@ -1,0 +1,76 @@
+"""bf16 linears on AMX tiles through csrc/amx_linear.c, where the CPU has AMX.
+
+oneDNN's AMX matmul sums a row in an order that depends on how many rows the call has,
+so a prompt's last rows came out differently in a cold pass over the whole prompt and in
+a warm pass over its uncached tail, and greedy output changed with a cache hit. This
+kernel's sums depend on the row alone (tests/inference/test_amx_linear.py), at oneDNN's
+speed or better for this model's shapes (bench/prefill_profile.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from functools import cache
+
+import torch
+
+from inference.native import load_library
+
+_I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+
+
+class AmxLinearKernel:
+    """The C functions: pack a bf16 weight once, then multiply any number of rows by it."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.kvgate_amx_linear_available.restype = _INT
+        lib.kvgate_amx_linear_packed_size.argtypes = [_I64, _I64]
+        lib.kvgate_amx_linear_packed_size.restype = _I64
+        lib.kvgate_amx_linear_pack.argtypes = [_PTR, _I64, _I64, _PTR]
+        lib.kvgate_amx_linear_pack.restype = None
+        lib.kvgate_amx_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _INT]
+        lib.kvgate_amx_linear.restype = _INT
+        self.lib = lib
+
+    def pack(self, weight: torch.Tensor) -> torch.Tensor:
+        """[N, K] bf16 -> the kernel's tile layout (a bf16 tensor, N and K rounded up to 32)."""
+        weight = weight.detach().contiguous()
+        assert weight.dtype == torch.bfloat16 and weight.dim() == 2
+        N, K = weight.shape
+        packed = torch.empty(self.lib.kvgate_amx_linear_packed_size(N, K), dtype=torch.bfloat16)
+        self.lib.kvgate_amx_linear_pack(weight.data_ptr(), N, K, packed.data_ptr())
+        return packed
+
+    def linear(
+        self, x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """x [M, K] bf16 (unit stride on K) @ W^T + bias -> [M, N] bf16."""
+        assert x.dtype == torch.bfloat16 and x.dim() == 2 and x.stride(1) == 1
+        M, K = x.shape
+        out = torch.empty(M, out_features, dtype=torch.bfloat16)
+        if M == 0:
+            return out
+        rc = self.lib.kvgate_amx_linear(
+            x.data_ptr(), x.stride(0), M, K, packed.data_ptr(), out_features,
+            None if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads(),
+        )  # fmt: skip
+        if rc != 0:
+            raise RuntimeError(f"AMX linear kernel failed ({rc})")
+        return out
+
+
+@cache
+def amx_linear_kernel() -> AmxLinearKernel | None:
+    """The kernel where the CPU has AMX and this process may use it, else None.
+
+    KVGATE_LINEAR_AMX=0 turns it off (oneDNN's matmul then, for A/B runs: not row-invariant on AMX)."""
+    if os.environ.get("KVGATE_LINEAR_AMX") == "0":
+        return None
+    from inference.settings import EngineSettings
+
+    lib = load_library("amx_linear", str(EngineSettings().cache_dir))
+    if lib is None:
+        return None
+    kernel = AmxLinearKernel(lib)
+    return kernel if lib.kvgate_amx_linear_available() else None

@@ -1,0 +1,182 @@
+/*
+ * bf16 linear layers on AMX tiles, with every row's result independent of the call.
+ *
+ * oneDNN's AMX matmul picks its blocking from the number of rows, and its sums for a
+ * row change with it (tests/inference/test_cpu_kernels.py); a prompt's last rows would
+ * then differ between a cold pass over the whole prompt and a warm pass over its tail.
+ * Here every output element is one tile-unit dot product per 32-wide slice of K, in
+ * order, added into the same float32 accumulator: nothing depends on M, on the other
+ * rows, or on how the work is split between threads.
+ *
+ * The weight is packed once (kvgate_amx_linear_pack) into B tiles: for each block of 16
+ * outputs and 32 inputs, 16 rows of input pairs x 16 outputs (the VNNI layout). A call
+ * takes 32 rows x 32 outputs at a time in four accumulator tiles, the weight in panels
+ * of PANEL outputs that each thread keeps in its cache while it walks down the rows.
+ */
+#define _GNU_SOURCE /* syscall() */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+int kvgate_amx_linear_available(void);
+int64_t kvgate_amx_linear_packed_size(int64_t N, int64_t K);
+void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, uint16_t *packed);
+int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K, const uint16_t *packed, int64_t N,
+                      const uint16_t *bias, uint16_t *out, int num_threads);
+
+/* The packed layout: N rounded up to 32 (pairs of 16-output blocks), K to 32. */
+int64_t kvgate_amx_linear_packed_size(int64_t N, int64_t K) { return ((N + 31) / 32 * 32) * ((K + 31) / 32 * 32); }
+
+/* packed[nb][kb] is a 16 x 32 tile (512 bf16): row kp, column n holds W[16nb + n][32kb + 2kp + {0,1}]. */
+void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, uint16_t *packed) {
+    const int64_t NB = (N + 31) / 32 * 2, KB = (K + 31) / 32;
+    for (int64_t nb = 0; nb < NB; nb++)
+        for (int64_t kb = 0; kb < KB; kb++) {
+            uint16_t *tile = packed + (nb * KB + kb) * 512;
+            for (int kp = 0; kp < 16; kp++)
+                for (int n = 0; n < 16; n++)
+                    for (int e = 0; e < 2; e++) {
+                        const int64_t row = 16 * nb + n, col = 32 * kb + 2 * kp + e;
+                        tile[(kp * 16 + n) * 2 + e] = row < N && col < K ? w[row * K + col] : 0;
+                    }
+        }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+enum { PANEL = 256 /* outputs per work item */ };
+
+typedef struct {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) TileConfig;
+
+int kvgate_amx_linear_available(void) {
+    static int state; /* 0: not asked yet, 1: granted, -1: refused (Linux has each process request the tiles) */
+    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
+    if (s == 0) {
+        s = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
+    }
+    return s > 0;
+}
+
+static void configure(void) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette_id = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = 16;
+        c.colsb[i] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Rows [0, 32) of a: x's rows from m0 (stride in bytes), or a zero-padded copy where fewer remain or K is ragged. */
+typedef struct {
+    const uint16_t *rows;
+    int64_t stride;
+} RowsView;
+
+static inline void store_block(const float *c, int nrows, int ncols, const uint16_t *bias, int64_t n0, uint16_t *out,
+                               int64_t N) {
+    /* c: 32 x 32 float32 (two 16-row halves of two 16-column tiles, laid out as [half][tile][16][16]) */
+    for (int r = 0; r < nrows; r++)
+        for (int t = 0; t < 2; t++) {
+            const int cols = ncols - 16 * t;
+            if (cols <= 0) break;
+            __m512 v = _mm512_loadu_ps(c + (((r / 16) * 2 + t) * 16 + r % 16) * 16);
+            const __mmask16 mask = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
+            if (bias) {
+                const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + n0 + 16 * t);
+                v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
+            }
+            _mm256_mask_storeu_epi16(out + r * N + n0 + 16 * t, mask, (__m256i)_mm512_cvtneps_pbh(v));
+        }
+}
+
+/* out[m0 .. m0+nrows) x [n0 .. n0+ncols): ncols <= 32, nrows <= 32. */
+static inline void block_32x32(RowsView a, int nrows, int64_t KB, const uint16_t *packed, int64_t nb, const uint16_t *bias,
+                               int64_t n0, int ncols, uint16_t *out, int64_t N, float *c) {
+    const uint16_t *b0 = packed + nb * KB * 512, *b1 = b0 + KB * 512;
+    _tile_zero(0);
+    _tile_zero(1);
+    if (nrows > 16) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (int64_t kb = 0; kb < KB; kb++) {
+        _tile_loadd(4, a.rows + 32 * kb, a.stride);
+        _tile_loadd(6, b0 + kb * 512, 64);
+        _tile_loadd(7, b1 + kb * 512, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        if (nrows > 16) {
+            _tile_loadd(5, (const uint8_t *)(a.rows + 32 * kb) + 16 * a.stride, a.stride);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, c, 64);
+    _tile_stored(1, c + 256, 64);
+    if (nrows > 16) {
+        _tile_stored(2, c + 512, 64);
+        _tile_stored(3, c + 768, 64);
+    }
+    store_block(c, nrows, ncols, bias, n0, out, N);
+}
+
+int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K, const uint16_t *packed, int64_t N,
+                      const uint16_t *bias, uint16_t *out, int num_threads) {
+    if (!kvgate_amx_linear_available()) return -1;
+    const int64_t KB = (K + 31) / 32, Kp = KB * 32;
+    const int64_t MB = (M + 31) / 32, NP = (N + PANEL - 1) / PANEL;
+    /* Rows are read in place where a 32-row block is whole and K a multiple of 32; else copied, zero-padded. */
+    const int ragged_k = Kp != K;
+    int failed = 0;
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *c = aligned_alloc(64, sizeof(float) * 32 * 32);
+        uint16_t *pad = aligned_alloc(64, sizeof(uint16_t) * 32 * Kp);
+        if (!c || !pad) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            configure();
+            /* Panel-major: a thread walks down the rows with one panel of the weight in its cache. */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t item = 0; item < NP * MB; item++) {
+                const int64_t np = item / MB, mb = item % MB, m0 = 32 * mb;
+                const int nrows = M - m0 < 32 ? (int)(M - m0) : 32;
+                RowsView a = {x + m0 * x_stride, x_stride * 2};
+                if (ragged_k || nrows < 32) {
+                    memset(pad, 0, sizeof(uint16_t) * 32 * Kp);
+                    for (int r = 0; r < nrows; r++) memcpy(pad + r * Kp, x + (m0 + r) * x_stride, sizeof(uint16_t) * K);
+                    a = (RowsView){pad, Kp * 2};
+                }
+                for (int64_t n0 = np * PANEL; n0 < N && n0 < (np + 1) * PANEL; n0 += 32) {
+                    const int ncols = N - n0 < 32 ? (int)(N - n0) : 32;
+                    block_32x32(a, nrows, KB, packed, n0 / 16, bias, n0, ncols, out + m0 * N, N, c);
+                }
+            }
+            _tile_release();
+        }
+        free(c);
+        free(pad);
+    }
+    return failed ? -2 : 0;
+}
+#else
+int kvgate_amx_linear_available(void) { return 0; }
+int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K, const uint16_t *packed, int64_t N,
+                      const uint16_t *bias, uint16_t *out, int num_threads) {
+    (void)x, (void)x_stride, (void)M, (void)K, (void)packed, (void)N, (void)bias, (void)out, (void)num_threads;
+    return -1;
+}
+#endif

@@ -1,0 +1,71 @@
+"""The AMX linear kernel (csrc/amx_linear.c): close to float32, and each row's result its own.
+
+Runs where the CPU has AMX (Sapphire Rapids and later); elsewhere PackedLinear uses oneDNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inference.amx_linear import amx_linear_kernel
+
+KERNEL = amx_linear_kernel()
+pytestmark = pytest.mark.skipif(KERNEL is None, reason="no AMX on this CPU")
+
+
+def float_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+@pytest.mark.parametrize(("n", "k", "bias"), [(1536, 576, False), (576, 1536, True), (960, 576, True), (100, 70, True)])
+def test_matches_float32_within_bf16_rounding(n, k, bias):
+    torch.manual_seed(0)
+    weight = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    x = torch.randn(77, k, dtype=torch.bfloat16)
+    packed = KERNEL.pack(weight)
+    out = KERNEL.linear(x, packed, n, b)
+    expected = float_linear(x, weight, b)
+    # One bf16 rounding of the output: relative 2^-8 at most.
+    assert ((out.float() - expected).abs() <= expected.abs() * 2**-8 + 1e-6).all()
+    # Not trivially close: without the bias, or with one weight row changed, it is far off.
+    if bias:
+        assert (KERNEL.linear(x, packed, n, None).float() - expected).abs().max() > 0.1
+    weight[3] = -weight[3]
+    assert (KERNEL.linear(x, KERNEL.pack(weight), n, b).float() - expected)[:, 3].abs().max() > 0.1
+
+
+@pytest.mark.parametrize(("n", "k"), [(1536, 576), (576, 1536), (49152, 576)])
+def test_a_row_does_not_depend_on_the_rows_beside_it(n, k):
+    torch.manual_seed(1)
+    weight = torch.randn(n, k, dtype=torch.bfloat16)
+    x = torch.randn(600, k, dtype=torch.bfloat16)
+    packed = KERNEL.pack(weight)
+    full = KERNEL.linear(x, packed, n, None)
+    for start, rows in ((0, 1), (3, 2), (7, 13), (20, 16), (40, 33), (100, 257), (5, 595)):
+        assert torch.equal(KERNEL.linear(x[start : start + rows], packed, n, None), full[start : start + rows])
+    # Strided rows (a view into a wider tensor) give the same too.
+    wide = torch.cat([x, x], dim=1)[:, :k]
+    assert torch.equal(KERNEL.linear(wide, packed, n, None), full)
+
+
+def test_onednn_amx_matmul_rows_do_depend_on_the_call_which_is_why_this_kernel_exists():
+    torch.manual_seed(0)
+    weight = torch.randn(576, 1536, dtype=torch.bfloat16)
+    x = torch.randn(600, 1536, dtype=torch.bfloat16)
+    onednn = torch.ops.mkldnn._reorder_linear_weight(weight)
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, onednn, None, "none", [], "")
+
+    full = run(x)
+    assert any(not torch.equal(run(x[:m]), full[:m]) for m in (33, 40, 48, 64, 100))
+    packed = KERNEL.pack(weight)
+    ours = KERNEL.linear(x, packed, 576, None)
+    assert all(torch.equal(KERNEL.linear(x[:m], packed, 576, None), ours[:m]) for m in (33, 40, 48, 64, 100))
+
+
+def test_no_rows():
+    weight = torch.randn(64, 64, dtype=torch.bfloat16)
+    assert KERNEL.linear(torch.empty(0, 64, dtype=torch.bfloat16), KERNEL.pack(weight), 64, None).shape == (0, 64)
