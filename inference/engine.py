@@ -14,6 +14,7 @@ from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
 from inference.cpu_threads import default_num_threads
+from inference.amx_linear import amx_linear_kernel
 from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
 from inference.fused_ops import FusedOps
@@ -131,7 +132,9 @@ class Engine:
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
         decode = None
-        if fused is not None and settings.decode_linear == "auto":
+        # Where the CPU has AMX, every row runs in the AMX linear kernel (as fast for a step's few
+        # rows, and one weight copy); the decode kernel serves avx512_bf16 CPUs without it.
+        if fused is not None and settings.decode_linear == "auto" and amx_linear_kernel() is None:
             decode = DecodeKernel.load(settings.cache_dir)
         self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused, decode_kernel=decode)
         self.vocab_size = int(cfg.vocab_size)

@@ -567,32 +567,48 @@ static inline void amx_scores(AmxTile *t, const AttnArgs *a, const int32_t *tabl
     }
 }
 
-/* The online softmax of group g over the chunk at key k0: m, lv, corr and pT. Returns whether any lane's max moved. */
+/* exp(x) for x <= 0 and finite, to well under bf16's precision (p is rounded to bf16): 2^n * e^r with
+ * |r| <= ln2/2 and e^r by its Taylor series to r^4 (relative error below 5e-5). Far below exp's range
+ * the result is 0 or denormal, which is what those keys weigh. */
+static inline __m512 exp16_bf16(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 24), _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* The online softmax of group g over the chunk at key k0: m, lv, corr and pT. Returns whether any lane's max moved.
+ * all_valid: every vector sees every key of the chunk (no masks, no -inf scores). */
 static inline int amx_softmax(AmxTile *t, int g, int64_t k0, int nkeys, int all_valid, float scale_f, __m512 *corr) {
     const __m512 scale = _mm512_set1_ps(scale_f), neg_inf = _mm512_set1_ps(-INFINITY);
     const __m512i P = _mm512_load_si512(t->pos[g]);
     const int nk = (nkeys + 15) & ~15; /* whole blocks were scored; past them p is 0 */
+    __mmask16 live[AMX_KEYS];
     __m512 mx = neg_inf;
     for (int i = 0; i < nk; i++) {
-        __m512 S = _mm512_load_ps(t->s[i]);
-        if (!all_valid) {
-            S = _mm512_mask_mov_ps(neg_inf, _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), P), S);
-            _mm512_store_ps(t->s[i], S);
-        }
-        mx = _mm512_max_ps(mx, S);
+        live[i] = all_valid ? (__mmask16)0xffff : _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), P);
+        mx = _mm512_mask_max_ps(mx, live[i], mx, _mm512_load_ps(t->s[i]));
     }
     const __m512 m_old = _mm512_load_ps(t->m[g]);
     const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mx, scale));
-    *corr = exp16(_mm512_sub_ps(m_old, m_new));
+    *corr = exp16(_mm512_sub_ps(m_old, m_new)); /* exp16 clamps: m_old is -inf before the first chunk */
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 sum = _mm512_setzero_ps();
     for (int kp = 0; kp < AMX_KP; kp++) {
         __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
         if (2 * kp < nk) {
-            const __m512 s0 = _mm512_load_ps(t->s[2 * kp]), s1 = _mm512_load_ps(t->s[2 * kp + 1]);
-            p0 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s0, neg_inf, _CMP_NEQ_OQ), exp16(_mm512_fmsub_ps(s0, scale, m_new)));
-            p1 = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(s1, neg_inf, _CMP_NEQ_OQ), exp16(_mm512_fmsub_ps(s1, scale, m_new)));
+            p0 = exp16_bf16(_mm512_fmsub_ps(_mm512_load_ps(t->s[2 * kp]), scale, m_new));
+            p1 = exp16_bf16(_mm512_fmsub_ps(_mm512_load_ps(t->s[2 * kp + 1]), scale, m_new));
+            if (!all_valid) {
+                p0 = _mm512_maskz_mov_ps(live[2 * kp], p0);
+                p1 = _mm512_maskz_mov_ps(live[2 * kp + 1], p1);
+            }
         }
         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
         _mm512_store_si512(t->pT[kp], _mm512_permutexvar_epi16(pairs, (__m512i)_mm512_cvtne2ps_pbh(p1, p0)));

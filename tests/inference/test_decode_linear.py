@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inference.amx_linear import amx_linear_kernel
 from inference.cpu_linear import PackedLinear
 from inference.decode_linear import DecodeKernel, DecodeLinear, DecodeRows
 from inference.model_runner import Chunk, _plan_rows
@@ -134,7 +135,8 @@ def test_rows_split_by_kind_decode_rows_first():
 @needs_kernel
 def test_engine_routes_decode_rows_to_the_kernel_unless_told_not_to(make_engine, tiny_llama_dir):
     engine = make_engine(tiny_llama_dir, dtype="bfloat16")
-    assert engine.runner.decode_rows is not None
+    # Where the CPU has AMX, every row runs in the AMX linear kernel instead (amx_linear.py).
+    assert (engine.runner.decode_rows is not None) == (amx_linear_kernel() is None)
     onednn = make_engine(tiny_llama_dir, dtype="bfloat16", decode_linear="onednn")
     assert onednn.runner.decode_rows is None
     assert make_engine(tiny_llama_dir).runner.decode_rows is None  # float32: oneDNN's packing does not apply
@@ -161,8 +163,9 @@ def test_decode_rows_are_counted_per_thread():
 
 @needs_kernel
 def test_mixed_steps_and_recompute_after_preemption_give_the_solo_outputs(make_engine, tiny_llama_dir):
-    """bf16 with the decode kernel: prompt and decode rows share passes, and preempted requests
-    recompute their generated tokens as decode rows again; every output is still its solo run's."""
+    """bf16 with the decode kernel (or, where the CPU has AMX, the AMX kernel for every row): prompt
+    and decode rows share passes, and preempted requests recompute their generated tokens as decode
+    rows again; every output is still its solo run's."""
     rng = random.Random(22)
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     requests = [(f"r{i}", random_prompt(rng, rng.randrange(30, 90))) for i in range(8)]
@@ -170,7 +173,7 @@ def test_mixed_steps_and_recompute_after_preemption_give_the_solo_outputs(make_e
     solo = {rid: checked(roomy.generate(prompt, params)).token_ids for rid, prompt in requests}
 
     tight = make_engine(tiny_llama_dir, dtype="bfloat16", kv_cache_blocks=24, max_num_batched_tokens=64)
-    assert tight.runner.decode_rows is not None
+    assert (tight.runner.decode_rows is not None) == (amx_linear_kernel() is None)
     seen = {"mixed": 0, "spanning": 0}
     execute = tight.runner.execute
 
