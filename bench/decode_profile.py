@@ -9,7 +9,8 @@ steps, `--steps` decode steps are timed with light wrappers around the engine's 
 
 - linears: every linear of the decoder layers: DecodeLinear (the decode kernel for decode
   rows) where the engine uses it, else PackedLinear (oneDNN, packed weights);
-- attention: the paged attention function of each layer (KV write + C kernel);
+- attention: the paged attention function of each layer (KV write + C kernel), or the C
+  kernel alone where the runner runs fused_forward;
 - LM head + rescoring: the LM head (the decode kernel's float32 logits for decode rows,
   else oneDNN's and the float32 rescoring of the top logits);
 - other model ops: the rest of the forward pass (norms, rotary, SiLU, residuals,
@@ -43,7 +44,9 @@ import torch  # noqa: E402
 
 from bench.report import machine_description, write_section  # noqa: E402
 from inference import fused_ops as fused_ops_module  # noqa: E402
+from inference import model_runner as runner_module  # noqa: E402
 from inference import paged_attention as attention_module  # noqa: E402
+from inference.cpu_attention import CpuPagedAttention  # noqa: E402
 from inference.cpu_linear import PackedLinear  # noqa: E402
 from inference.decode_linear import DecodeLinear  # noqa: E402
 from inference.engine import Engine  # noqa: E402
@@ -78,6 +81,9 @@ def instrument(engine: Engine) -> None:
     engine.runner._logits = timed("lm_head", engine.runner._logits)
     engine.runner._decode_logits = timed("lm_head", engine.runner._decode_logits)
     engine.runner.model.model.forward = timed("forward", engine.runner.model.model.forward)
+    if engine.runner.fused_forward:  # the stack without transformers' plumbing: the C kernel is the attention
+        runner_module.fused_forward = timed("forward", runner_module.fused_forward)
+        CpuPagedAttention.__call__ = timed("attention", CpuPagedAttention.__call__)
     engine.runner.execute = timed("execute", engine.runner.execute)
     head = engine.runner.model.lm_head
     head.forward = timed("head_linear", head.forward)  # also inside "linears": subtracted there

@@ -10,9 +10,15 @@ call's row count), so there the weight is packed for our AMX kernel instead (amx
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
+from inference import amx_linear
 from inference.amx_linear import amx_linear_kernel
+
+if TYPE_CHECKING:
+    from inference.fused_ops import FusedOps
 
 
 class PackedLinear(torch.nn.Module):
@@ -22,7 +28,14 @@ class PackedLinear(torch.nn.Module):
         self.out_features = linear.out_features
         weight = linear.weight.detach()
         self.amx = amx_linear_kernel() if weight.dtype == torch.bfloat16 else None
-        packed = self.amx.pack(weight) if self.amx else torch.ops.mkldnn._reorder_linear_weight(weight)
+        # A fused [gate; up] (fused_ops.FusedMLP) packed so the AMX kernel can write SiLU(gate) * up itself.
+        self.silu_pairs = (
+            self.amx is not None and getattr(linear, "kvgate_silu_pairs", False) and self.out_features % 32 == 0
+        )
+        if self.amx is not None:
+            packed = self.amx.pack(weight, pairs=self.silu_pairs)
+        else:
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight)
         self.register_buffer("packed_weight", packed, persistent=False)
         bias = None if linear.bias is None else linear.bias.detach()
         self.register_buffer("bias", bias, persistent=False)
@@ -32,7 +45,8 @@ class PackedLinear(torch.nn.Module):
             flat = x.reshape(-1, self.in_features)
             if flat.stride(-1) != 1:
                 flat = flat.contiguous()
-            out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias)
+            mode = amx_linear.PAIRS if self.silu_pairs else amx_linear.PLAIN
+            out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias, mode)
             return out.reshape(*x.shape[:-1], self.out_features)
         if x.numel() == self.in_features:
             # oneDNN takes a different path for a single row (its sums come out in another
@@ -40,6 +54,17 @@ class PackedLinear(torch.nn.Module):
             padded = torch.cat([x.reshape(1, -1), x.new_zeros(1, self.in_features)])
             return self._matmul(padded)[:1].reshape(*x.shape[:-1], self.out_features)
         return self._matmul(x)
+
+    def forward_silu_mul(self, x: torch.Tensor, ops: FusedOps) -> torch.Tensor:
+        """SiLU(gate) * up of this [gate; up] projection's output, as ops.silu_mul(self(x)) computes it:
+        in the AMX kernel's output stage where the weight was packed for it."""
+        if not self.silu_pairs:
+            return ops.silu_mul(self(x))
+        flat = x.reshape(-1, self.in_features)
+        if flat.stride(-1) != 1:
+            flat = flat.contiguous()
+        out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias, amx_linear.SILU_MUL)
+        return out.reshape(*x.shape[:-1], self.out_features // 2)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")

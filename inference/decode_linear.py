@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from inference.cpu_linear import PackedLinear
+from inference.fused_ops import FusedOps
 from inference.native import load_library
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -126,6 +127,18 @@ class DecodeLinear(torch.nn.Module):
         if d < flat.shape[0]:
             decode = torch.cat([decode, self.prefill(flat[d:])])
         return decode.reshape(*x.shape[:-1], self.out_features)
+
+    def forward_silu_mul(self, x: torch.Tensor, ops: FusedOps) -> torch.Tensor:
+        """SiLU(gate) * up of this [gate; up] projection: decode rows from the kernel's output, prompt
+        rows as the PackedLinear gives them."""
+        d = self.rows.count
+        if d == 0:
+            return self.prefill.forward_silu_mul(x, ops)
+        flat = x.reshape(-1, self.in_features)
+        act = ops.silu_mul(self.kernel.linear(flat[:d], self.decode_weight, self.out_features, self.prefill.bias))
+        if d < flat.shape[0]:
+            act = torch.cat([act, self.prefill.forward_silu_mul(flat[d:], ops)])
+        return act.reshape(*x.shape[:-1], self.out_features // 2)
 
 
 def use_decode_kernel(model: torch.nn.Module, kernel: DecodeKernel | None) -> DecodeRows | None:

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
+from inference.amx_linear import amx_linear_kernel
 from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
 from inference.cpu_threads import default_num_threads
-from inference.amx_linear import amx_linear_kernel
 from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
 from inference.fused_ops import FusedOps

@@ -22,7 +22,7 @@ import torch
 
 from inference.cpu_linear import can_pack
 from inference.native import load_library
-from inference.paged_attention import paged_attention
+from inference.paged_attention import AttentionBatch, paged_attention
 
 FUSABLE_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
@@ -101,11 +101,15 @@ class FusedMLP(torch.nn.Module):
     def __init__(self, mlp: torch.nn.Module, ops: FusedOps) -> None:
         super().__init__()
         self.gate_up_proj = _concat_linears(mlp.gate_proj, mlp.up_proj)
+        self.gate_up_proj.kvgate_silu_pairs = True  # PackedLinear may fuse the SiLU * up into its output
         self.down_proj = mlp.down_proj
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_mul(self.gate_up_proj(x)))
+        gate_up = self.gate_up_proj
+        if hasattr(gate_up, "forward_silu_mul"):  # packed: the same result, in fewer passes where it can
+            return self.down_proj(gate_up.forward_silu_mul(x, self.ops))
+        return self.down_proj(self.ops.silu_mul(gate_up(x)))
 
 
 class FusedAttention(torch.nn.Module):
@@ -142,6 +146,24 @@ class FusedAttention(torch.nn.Module):
         kwargs.pop("scaling", None)
         out, _ = paged_attention(self, query, key, value, attention_mask, scaling=self.scaling, **kwargs)
         return self.o_proj(out.reshape(1, T, H * D)), None
+
+    def attend_rows(
+        self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch
+    ) -> torch.Tensor:
+        """forward's computation on [T, hidden] rows with the CPU kernel, without the [1, ...] views
+        transformers passes (inference/fused_forward.py): the same ops, the same results."""
+        T = hidden.shape[0]
+        H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(hidden)
+        q, k = self.ops.rotary(qkv, cos, sin, H, KVH, D)
+        v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
+        written = batch.slot_mapping.shape[0]  # a padded pass (ModelRunner): only the real rows write
+        flat_k, flat_v = batch.kv.flat(self.layer_idx, 0), batch.kv.flat(self.layer_idx, 1)
+        flat_k.index_copy_(0, batch.slot_mapping, k[:written])
+        flat_v.index_copy_(0, batch.slot_mapping, v[:written])
+        k_pool, v_pool = batch.kv.layer_pools[self.layer_idx]
+        out = batch.cpu_kernel(q, k_pool, v_pool, batch.rows, self.scaling)
+        return self.o_proj(out.view(T, H * D))
 
 
 def _concat_linears(*linears: torch.nn.Linear) -> torch.nn.Linear:

@@ -11,6 +11,7 @@ import torch
 from inference.cpu_attention import CpuPagedAttention, RowLayout
 from inference.cpu_linear import can_pack, pack_linears
 from inference.decode_linear import DecodeKernel, use_decode_kernel
+from inference.fused_forward import can_run_fused, fused_forward
 from inference.fused_ops import FusedOps, fuse_decoder_layers
 from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
 
@@ -72,6 +73,8 @@ class ModelRunner:
         # Single-row passes padded once per pass, for packed linears under the CPU kernel (whose
         # rows carry their own sequence and position, so a duplicate row is well-defined).
         self.pad_single_row = packed and cpu_kernel is not None
+        # Every layer fused and the CPU kernel attending: the stack runs without transformers' plumbing.
+        self.fused_forward = cpu_kernel is not None and can_run_fused(model)
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
@@ -110,13 +113,15 @@ class ModelRunner:
         )
         if self.decode_rows is not None:
             self.decode_rows.count = plan.num_decode
+        input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
+        position_ids = torch.tensor([positions], dtype=torch.long, device=dev)
         try:
-            hidden = self.model.model(
-                input_ids=torch.tensor([ids], dtype=torch.long, device=dev),
-                position_ids=torch.tensor([positions], dtype=torch.long, device=dev),
-                use_cache=False,
-                kv_batch=batch,
-            ).last_hidden_state[0]
+            if self.fused_forward:
+                hidden = fused_forward(self.model, input_ids, position_ids, batch)
+            else:
+                hidden = self.model.model(
+                    input_ids=input_ids, position_ids=position_ids, use_cache=False, kv_batch=batch
+                ).last_hidden_state[0]
         finally:
             if self.decode_rows is not None:
                 self.decode_rows.count = 0

@@ -34,7 +34,9 @@ def _cpu_key(source: Path) -> str:
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
         flags = next((ln for ln in cpuinfo.read_text().splitlines() if ln.startswith("flags")), "")
-    return hashlib.sha256((source.read_bytes().hex() + flags + platform.machine()).encode()).hexdigest()[:16]
+    # Headers too: a kernel may include any of them.
+    code = source.read_bytes() + b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    return hashlib.sha256((code.hex() + flags + platform.machine()).encode()).hexdigest()[:16]
 
 
 def _build(source: Path, out: Path) -> None:

@@ -12,23 +12,34 @@
  * outputs and 32 inputs, 16 rows of input pairs x 16 outputs (the VNNI layout). A call
  * takes 32 rows x 32 outputs at a time in four accumulator tiles, the weight in panels
  * of PANEL outputs that each thread keeps in its cache while it walks down the rows.
+ *
+ * A fused gate|up projection (outputs [gate; up], N/2 each) may be packed in pairs: each
+ * 32 packed outputs are 16 of gate and the same 16 of up, so one block holds both halves
+ * of 16 outputs of SiLU(gate) * up, which the call can then write directly (MODE_SILU_MUL),
+ * rounding as fused_ops' silu_mul does after a bf16 gate|up: bit for bit the two-step result,
+ * without the gate|up intermediate going through memory.
  */
 #define _GNU_SOURCE /* syscall() */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_simd.h"
+
+enum { MODE_PLAIN = 0, MODE_PAIRS = 1 /* pairs-packed, gate|up written apart */, MODE_SILU_MUL = 2 };
+
 int kvgate_amx_linear_available(void);
 int64_t kvgate_amx_linear_packed_size(int64_t N, int64_t K);
-void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, uint16_t *packed);
+void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, int pairs, uint16_t *packed);
 int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K, const uint16_t *packed, int64_t N,
-                      const uint16_t *bias, uint16_t *out, int num_threads);
+                      const uint16_t *bias, uint16_t *out, int mode, int num_threads);
 
 /* The packed layout: N rounded up to 32 (pairs of 16-output blocks), K to 32. */
 int64_t kvgate_amx_linear_packed_size(int64_t N, int64_t K) { return ((N + 31) / 32 * 32) * ((K + 31) / 32 * 32); }
 
-/* packed[nb][kb] is a 16 x 32 tile (512 bf16): row kp, column n holds W[16nb + n][32kb + 2kp + {0,1}]. */
-void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, uint16_t *packed) {
+/* packed[nb][kb] is a 16 x 32 tile (512 bf16): row kp, column n holds W[row(nb, n)][32kb + 2kp + {0,1}], where
+ * row(nb, n) is 16nb + n, or with pairs (N/2 a multiple of 16) 16(nb/2) + n of gate or of up as nb is even or odd. */
+void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, int pairs, uint16_t *packed) {
     const int64_t NB = (N + 31) / 32 * 2, KB = (K + 31) / 32;
     for (int64_t nb = 0; nb < NB; nb++)
         for (int64_t kb = 0; kb < KB; kb++) {
@@ -36,7 +47,8 @@ void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, uint16_t *p
             for (int kp = 0; kp < 16; kp++)
                 for (int n = 0; n < 16; n++)
                     for (int e = 0; e < 2; e++) {
-                        const int64_t row = 16 * nb + n, col = 32 * kb + 2 * kp + e;
+                        const int64_t row = pairs ? (nb % 2) * (N / 2) + 16 * (nb / 2) + n : 16 * nb + n;
+                        const int64_t col = 32 * kb + 2 * kp + e;
                         tile[(kp * 16 + n) * 2 + e] = row < N && col < K ? w[row * K + col] : 0;
                     }
         }
@@ -84,26 +96,39 @@ typedef struct {
     int64_t stride;
 } RowsView;
 
-static inline void store_block(const float *c, int nrows, int ncols, const uint16_t *bias, int64_t n0, uint16_t *out,
-                               int64_t N) {
+static inline __m512 tile_row(const float *c, int r, int t, const uint16_t *bias, __mmask16 mask) {
     /* c: 32 x 32 float32 (two 16-row halves of two 16-column tiles, laid out as [half][tile][16][16]) */
+    __m512 v = _mm512_loadu_ps(c + (((r / 16) * 2 + t) * 16 + r % 16) * 16);
+    if (bias) v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, bias)), 16)));
+    return v;
+}
+
+/* Rows [0, nrows) of a block at packed columns [n0, n0 + ncols) into out (row stride ldo). */
+static inline void store_block(const float *c, int nrows, int ncols, const uint16_t *bias, int64_t n0, uint16_t *out,
+                               int64_t N, int64_t ldo, int mode) {
+    if (mode == MODE_SILU_MUL) { /* n0 = 32j: gate and up of outputs 16j .. 16j+15 */
+        const int64_t j16 = n0 / 2;
+        for (int r = 0; r < nrows; r++) {
+            const __m512 g = round_bf16x16(tile_row(c, r, 0, bias ? bias + j16 : NULL, 0xffff));
+            const __m512 u = round_bf16x16(tile_row(c, r, 1, bias ? bias + N / 2 + j16 : NULL, 0xffff));
+            _mm256_storeu_si256((__m256i *)(out + r * ldo + j16), silu_mul_bf16x16(g, u));
+        }
+        return;
+    }
     for (int r = 0; r < nrows; r++)
         for (int t = 0; t < 2; t++) {
             const int cols = ncols - 16 * t;
             if (cols <= 0) break;
-            __m512 v = _mm512_loadu_ps(c + (((r / 16) * 2 + t) * 16 + r % 16) * 16);
             const __mmask16 mask = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
-            if (bias) {
-                const __m256i b = _mm256_maskz_loadu_epi16(mask, bias + n0 + 16 * t);
-                v = _mm512_add_ps(v, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16)));
-            }
-            _mm256_mask_storeu_epi16(out + r * N + n0 + 16 * t, mask, (__m256i)_mm512_cvtneps_pbh(v));
+            const int64_t col = mode == MODE_PAIRS ? t * (N / 2) + n0 / 2 : n0 + 16 * t;
+            const __m512 v = tile_row(c, r, t, bias ? bias + col : NULL, mask);
+            _mm256_mask_storeu_epi16(out + r * ldo + col, mask, f32x16_to_bf16(v));
         }
 }
 
 /* out[m0 .. m0+nrows) x [n0 .. n0+ncols): ncols <= 32, nrows <= 32. */
 static inline void block_32x32(RowsView a, int nrows, int64_t KB, const uint16_t *packed, int64_t nb, const uint16_t *bias,
-                               int64_t n0, int ncols, uint16_t *out, int64_t N, float *c) {
+                               int64_t n0, int ncols, uint16_t *out, int64_t N, int64_t ldo, int mode, float *c) {
     const uint16_t *b0 = packed + nb * KB * 512, *b1 = b0 + KB * 512;
     _tile_zero(0);
     _tile_zero(1);
@@ -129,12 +154,15 @@ static inline void block_32x32(RowsView a, int nrows, int64_t KB, const uint16_t
         _tile_stored(2, c + 512, 64);
         _tile_stored(3, c + 768, 64);
     }
-    store_block(c, nrows, ncols, bias, n0, out, N);
+    store_block(c, nrows, ncols, bias, n0, out, N, ldo, mode);
 }
 
+/* out = x @ W^T + bias, [M, N] (MODE_PLAIN, MODE_PAIRS), or SiLU(gate) * up, [M, N/2] (MODE_SILU_MUL). */
 int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K, const uint16_t *packed, int64_t N,
-                      const uint16_t *bias, uint16_t *out, int num_threads) {
+                      const uint16_t *bias, uint16_t *out, int mode, int num_threads) {
     if (!kvgate_amx_linear_available()) return -1;
+    if (mode != MODE_PLAIN && N % 32) return -3; /* pairs need N/2 in whole 16-output blocks */
+    const int64_t ldo = mode == MODE_SILU_MUL ? N / 2 : N;
     const int64_t KB = (K + 31) / 32, Kp = KB * 32;
     const int64_t MB = (M + 31) / 32, NP = (N + PANEL - 1) / PANEL;
     /* Rows are read in place where a 32-row block is whole and K a multiple of 32; else copied, zero-padded. */
@@ -162,7 +190,7 @@ int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K,
                 }
                 for (int64_t n0 = np * PANEL; n0 < N && n0 < (np + 1) * PANEL; n0 += 32) {
                     const int ncols = N - n0 < 32 ? (int)(N - n0) : 32;
-                    block_32x32(a, nrows, KB, packed, n0 / 16, bias, n0, ncols, out + m0 * N, N, c);
+                    block_32x32(a, nrows, KB, packed, n0 / 16, bias, n0, ncols, out + m0 * ldo, N, ldo, mode, c);
                 }
             }
             _tile_release();
@@ -175,8 +203,9 @@ int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K,
 #else
 int kvgate_amx_linear_available(void) { return 0; }
 int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K, const uint16_t *packed, int64_t N,
-                      const uint16_t *bias, uint16_t *out, int num_threads) {
-    (void)x, (void)x_stride, (void)M, (void)K, (void)packed, (void)N, (void)bias, (void)out, (void)num_threads;
+                      const uint16_t *bias, uint16_t *out, int mode, int num_threads) {
+    (void)x, (void)x_stride, (void)M, (void)K, (void)packed, (void)N, (void)bias, (void)out, (void)mode;
+    (void)num_threads;
     return -1;
 }
 #endif

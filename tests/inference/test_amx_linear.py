@@ -69,3 +69,26 @@ def test_onednn_amx_matmul_rows_do_depend_on_the_call_which_is_why_this_kernel_e
 def test_no_rows():
     weight = torch.randn(64, 64, dtype=torch.bfloat16)
     assert KERNEL.linear(torch.empty(0, 64, dtype=torch.bfloat16), KERNEL.pack(weight), 64, None).shape == (0, 64)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_silu_mul_in_the_output_stage_is_the_two_step_result_bit_for_bit(bias):
+    from inference.amx_linear import PAIRS, PLAIN, SILU_MUL
+    from inference.fused_ops import FusedOps
+    from inference.settings import EngineSettings
+
+    ops = FusedOps.load(EngineSettings().cache_dir)
+    torch.manual_seed(2)
+    n, k = 3072, 576  # a fused [gate; up] of 1536 each
+    weight = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5
+    b = torch.randn(n, dtype=torch.bfloat16) if bias else None
+    x = torch.randn(45, k, dtype=torch.bfloat16)
+    plain = KERNEL.linear(x, KERNEL.pack(weight), n, b, PLAIN)
+    pairs = KERNEL.pack(weight, pairs=True)
+    assert torch.equal(KERNEL.linear(x, pairs, n, b, PAIRS), plain)  # pairs-packed, written apart: the same
+    fused = KERNEL.linear(x, pairs, n, b, SILU_MUL)
+    assert fused.shape == (45, n // 2)
+    assert torch.equal(fused, ops.silu_mul(plain))
+    assert not torch.equal(fused, ops.silu_mul(torch.cat([plain[:, n // 2 :], plain[:, : n // 2]], 1)))
+    # Row by row the same as well.
+    assert torch.equal(KERNEL.linear(x[7:9], pairs, n, b, SILU_MUL), fused[7:9])
