@@ -6,8 +6,8 @@ than in the computation, which at a few rows costs as much as the matmuls. Where
 `fuse_decoder_layers` swapped every layer's norms, attention and MLP, `fused_forward` runs
 the same modules and ops in the same order as LlamaModel.forward and LlamaDecoderLayer.forward
 (embedding, rotary tables, then per layer: norm, attention, residual add, norm, MLP,
-residual add; then the final norm), so its output is bit-identical to theirs
-(tests/inference/test_fused_forward.py).
+residual add; then the final norm), each residual add in one C pass with the norm after it,
+so its output is bit-identical to theirs (tests/inference/test_fused_forward.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,15 @@ def fused_forward(
     cos, sin = inner.rotary_emb(embedded, position_ids=position_ids)
     cos, sin = cos[0], sin[0]
     hidden = embedded[0]
-    for layer in inner.layers[: inner.config.num_hidden_layers]:
-        hidden = hidden + layer.self_attn.attend_rows(layer.input_layernorm(hidden), cos, sin, batch)
-        hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-    return inner.norm(hidden)
+    layers = inner.layers[: inner.config.num_hidden_layers]
+    x = layers[0].input_layernorm(hidden)
+    for i, layer in enumerate(layers):
+        # Each residual add runs with the norm after it (FusedOps.add_rmsnorm: the same bits in one pass).
+        hidden, x = _add_norm(hidden, layer.self_attn.attend_rows(x, cos, sin, batch), layer.post_attention_layernorm)
+        after = layers[i + 1].input_layernorm if i + 1 < len(layers) else inner.norm
+        hidden, x = _add_norm(hidden, layer.mlp(x), after)
+    return x
+
+
+def _add_norm(hidden: torch.Tensor, delta: torch.Tensor, norm: FusedRMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    return norm.ops.add_rmsnorm(hidden, delta, norm.weight, norm.eps)

@@ -35,8 +35,18 @@ class FusedOps:
         lib.kvgate_rmsnorm_bf16.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]
         lib.kvgate_silu_mul_bf16.argtypes = [_PTR, _I64, _PTR, _I64, _I64, _INT]
         lib.kvgate_rotary_bf16.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT]
-        for fn in (lib.kvgate_rmsnorm_bf16, lib.kvgate_silu_mul_bf16, lib.kvgate_rotary_bf16):
+        lib.kvgate_add_rmsnorm_bf16.argtypes = [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT]
+        for fn in (
+            lib.kvgate_rmsnorm_bf16,
+            lib.kvgate_silu_mul_bf16,
+            lib.kvgate_rotary_bf16,
+            lib.kvgate_add_rmsnorm_bf16,
+            lib.kvgate_rotary_to_pool_bf16,
+        ):
             fn.restype = None
+        lib.kvgate_rotary_to_pool_bf16.argtypes = [
+            _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _INT,
+        ]  # fmt: skip
         self.lib = lib
 
     @classmethod
@@ -54,6 +64,20 @@ class FusedOps:
             eps, torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+    def add_rmsnorm(
+        self, hidden: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden + delta, rmsnorm(hidden + delta)) for [T, C] rows: a residual add and the next
+        norm in one pass, bit-identical to the torch add then rmsnorm."""
+        assert hidden.is_contiguous() and delta.is_contiguous() and hidden.shape == delta.shape
+        total, out = torch.empty_like(hidden), torch.empty_like(hidden)
+        T, C = hidden.shape
+        self.lib.kvgate_add_rmsnorm_bf16(
+            hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(), total.data_ptr(), out.data_ptr(),
+            T, C, eps, torch.get_num_threads(),
+        )  # fmt: skip
+        return total, out
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """[..., 2N] -> [..., N]: SiLU of the first half times the second half."""
@@ -78,6 +102,32 @@ class FusedOps:
             T, heads, kv_heads, head_dim, torch.get_num_threads(),
         )  # fmt: skip
         return q, k
+
+    def rotary_to_pool(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        shape: tuple[int, int, int],
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """rotary's q [T, H, D]; the rotated keys and the values of the first len(slots) rows go
+        straight to those slots of k_pool and v_pool ([slots, KVH, D], contiguous), as
+        index_copy_ of rotary's k and of qkv's values would put them."""
+        heads, kv_heads, head_dim = shape
+        T = qkv.shape[0]
+        assert qkv.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+        assert k_pool.is_contiguous() and v_pool.is_contiguous() and slots.dtype == torch.long
+        assert k_pool.dtype == v_pool.dtype == qkv.dtype and slots.shape[0] <= T
+        q = torch.empty(T, heads, head_dim, dtype=qkv.dtype)
+        self.lib.kvgate_rotary_to_pool_bf16(
+            qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.data_ptr(),
+            k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), slots.shape[0], T, heads, kv_heads, head_dim,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return q
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -155,12 +205,9 @@ class FusedAttention(torch.nn.Module):
         T = hidden.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)
-        q, k = self.ops.rotary(qkv, cos, sin, H, KVH, D)
-        v = qkv[:, (H + KVH) * D :].view(T, KVH, D)
-        written = batch.slot_mapping.shape[0]  # a padded pass (ModelRunner): only the real rows write
+        # New keys and values straight into the pool (a padded pass writes its real rows only).
         flat_k, flat_v = batch.kv.flat(self.layer_idx, 0), batch.kv.flat(self.layer_idx, 1)
-        flat_k.index_copy_(0, batch.slot_mapping, k[:written])
-        flat_v.index_copy_(0, batch.slot_mapping, v[:written])
+        q = self.ops.rotary_to_pool(qkv, cos, sin, (H, KVH, D), flat_k, flat_v, batch.slot_mapping)
         k_pool, v_pool = batch.kv.layer_pools[self.layer_idx]
         out = batch.cpu_kernel(q, k_pool, v_pool, batch.rows, self.scaling)
         return self.o_proj(out.view(T, H * D))

@@ -11,6 +11,7 @@
  */
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef union {
     uint32_t u;
@@ -31,29 +32,41 @@ static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 /* Rows are split between threads only when there is enough work to pay for waking them. */
 static inline int threads_for(int64_t elems, int threads) { return elems >= 32768 ? threads : 1; }
 
-/* out[t] = w * bf16(x[t] / sqrt(mean(x[t]^2) + eps)), as transformers' RMSNorm rounds. */
+/* o = w * bf16(x / sqrt(mean(x^2) + eps)) for one row, as transformers' RMSNorm rounds. */
+static inline void rmsnorm_row(const uint16_t *xr, const uint16_t *w, uint16_t *o, int64_t C, float eps) {
+    float lanes[16] = {0};
+    int64_t c = 0;
+    for (; c + 16 <= C; c += 16)
+        for (int l = 0; l < 16; l++) {
+            const float v = bf16_to_f32(xr[c + l]);
+            lanes[l] += v * v;
+        }
+    for (; c < C; c++) {
+        const float v = bf16_to_f32(xr[c]);
+        lanes[c % 16] += v * v;
+    }
+    for (int step = 8; step > 0; step /= 2)
+        for (int l = 0; l < step; l++) lanes[l] += lanes[l + step];
+    const float inv = 1.0f / sqrtf(lanes[0] / (float)C + eps);
+    for (int64_t i = 0; i < C; i++) o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));
+}
+
+/* out[t] = RMSNorm(x[t]) with weight w. */
 void kvgate_rmsnorm_bf16(const uint16_t *x, int64_t x_stride, const uint16_t *w, uint16_t *out, int64_t T,
                          int64_t C, float eps, int threads) {
 #pragma omp parallel for num_threads(threads_for(T * C, threads)) schedule(static)
+    for (int64_t t = 0; t < T; t++) rmsnorm_row(x + t * x_stride, w, out + t * C, C, eps);
+}
+
+/* The residual add and the next norm of a decoder layer in one pass: sum[t] = bf16(h[t] + d[t]) (torch's
+ * bf16 add), out[t] = RMSNorm(sum[t]). h, d, sum and out are contiguous [T, C]; sum may be h. */
+void kvgate_add_rmsnorm_bf16(const uint16_t *h, const uint16_t *d, const uint16_t *w, uint16_t *sum, uint16_t *out,
+                             int64_t T, int64_t C, float eps, int threads) {
+#pragma omp parallel for num_threads(threads_for(T * C, threads)) schedule(static)
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *xr = x + t * x_stride;
-        uint16_t *o = out + t * C;
-        float lanes[16] = {0};
-        int64_t c = 0;
-        for (; c + 16 <= C; c += 16)
-            for (int l = 0; l < 16; l++) {
-                const float v = bf16_to_f32(xr[c + l]);
-                lanes[l] += v * v;
-            }
-        for (; c < C; c++) {
-            const float v = bf16_to_f32(xr[c]);
-            lanes[c % 16] += v * v;
-        }
-        for (int step = 8; step > 0; step /= 2)
-            for (int l = 0; l < step; l++) lanes[l] += lanes[l + step];
-        const float inv = 1.0f / sqrtf(lanes[0] / (float)C + eps);
-        for (int64_t i = 0; i < C; i++)
-            o[i] = f32_to_bf16(bf16_to_f32(w[i]) * round_bf16(bf16_to_f32(xr[i]) * inv));
+        uint16_t *sr = sum + t * C;
+        for (int64_t i = 0; i < C; i++) sr[i] = f32_to_bf16(bf16_to_f32(h[t * C + i]) + bf16_to_f32(d[t * C + i]));
+        rmsnorm_row(sr, w, out + t * C, C, eps);
     }
 }
 
@@ -96,24 +109,41 @@ void kvgate_silu_mul_bf16(const uint16_t *gu, int64_t gu_stride, uint16_t *out, 
 /*
  * Rotary embeddings of the query and key heads of a fused q|k|v projection row:
  * x * cos + rotate_half(x) * sin, each product and the sum rounded to bf16 (torch's
- * expression in bf16 exactly). q_out [T, H, D] and k_out [T, KVH, D] are contiguous.
+ * expression in bf16 exactly). q_out [T, H, D] is contiguous. The keys go to k_out
+ * [T, KVH, D] (contiguous), or, with k_pool, straight into the KV pool: row t's rotated
+ * keys and its values (the projection's last KVH heads) to slot slots[t] of k_pool and
+ * v_pool ([slots, KVH, D] each), for t < written (a padded pass writes its real rows only).
  */
+static inline void rotate_head(const uint16_t *x, const uint16_t *c, const uint16_t *s, uint16_t *o, int64_t D) {
+    const int64_t half = D / 2;
+    for (int64_t i = 0; i < D; i++) {
+        const float rot = i < half ? -bf16_to_f32(x[i + half]) : bf16_to_f32(x[i - half]);
+        const float a = round_bf16(bf16_to_f32(x[i]) * bf16_to_f32(c[i]));
+        const float b = round_bf16(rot * bf16_to_f32(s[i]));
+        o[i] = f32_to_bf16(a + b);
+    }
+}
+
 void kvgate_rotary_bf16(const uint16_t *qkv, int64_t qkv_stride, const uint16_t *cos, const uint16_t *sin,
                         int64_t cs_stride, uint16_t *q_out, uint16_t *k_out, int64_t T, int64_t H, int64_t KVH,
                         int64_t D, int threads) {
-    const int64_t half = D / 2;
+#pragma omp parallel for num_threads(threads_for(T * (H + KVH) * D, threads)) schedule(static)
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H + KVH; h++)
+            rotate_head(qkv + t * qkv_stride + h * D, cos + t * cs_stride, sin + t * cs_stride,
+                        h < H ? q_out + (t * H + h) * D : k_out + (t * KVH + h - H) * D, D);
+}
+
+void kvgate_rotary_to_pool_bf16(const uint16_t *qkv, int64_t qkv_stride, const uint16_t *cos, const uint16_t *sin,
+                                int64_t cs_stride, uint16_t *q_out, uint16_t *k_pool, uint16_t *v_pool,
+                                const int64_t *slots, int64_t written, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                int threads) {
 #pragma omp parallel for num_threads(threads_for(T * (H + KVH) * D, threads)) schedule(static)
     for (int64_t t = 0; t < T; t++) {
-        const uint16_t *c = cos + t * cs_stride, *s = sin + t * cs_stride;
-        for (int64_t h = 0; h < H + KVH; h++) {
-            const uint16_t *x = qkv + t * qkv_stride + h * D;
-            uint16_t *o = h < H ? q_out + (t * H + h) * D : k_out + (t * KVH + h - H) * D;
-            for (int64_t i = 0; i < D; i++) {
-                const float rot = i < half ? -bf16_to_f32(x[i + half]) : bf16_to_f32(x[i - half]);
-                const float a = round_bf16(bf16_to_f32(x[i]) * bf16_to_f32(c[i]));
-                const float b = round_bf16(rot * bf16_to_f32(s[i]));
-                o[i] = f32_to_bf16(a + b);
-            }
-        }
+        const uint16_t *row = qkv + t * qkv_stride, *c = cos + t * cs_stride, *s = sin + t * cs_stride;
+        for (int64_t h = 0; h < H; h++) rotate_head(row + h * D, c, s, q_out + (t * H + h) * D, D);
+        if (t >= written) continue;
+        for (int64_t h = 0; h < KVH; h++) rotate_head(row + (H + h) * D, c, s, k_pool + (slots[t] * KVH + h) * D, D);
+        memcpy(v_pool + slots[t] * KVH * D, row + (H + KVH) * D, sizeof(uint16_t) * KVH * D);
     }
 }

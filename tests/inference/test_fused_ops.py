@@ -46,6 +46,23 @@ def test_rotary_is_bit_identical_to_transformers(ops):
     assert not torch.equal(swapped, q)
 
 
+def test_rotary_to_pool_writes_what_rotary_and_index_copy_would(ops):
+    T, H, KVH, D = 6, 9, 3, 64
+    qkv, cos, sin = bf16(T, (H + 2 * KVH) * D, seed=1), bf16(T, D, seed=2), bf16(T, D, seed=3)
+    k_pool, v_pool = torch.zeros(40, KVH, D, dtype=torch.bfloat16), torch.zeros(40, KVH, D, dtype=torch.bfloat16)
+    slots = torch.tensor([3, 17, 9, 30, 31], dtype=torch.long)  # 5 of 6 rows write: a padded pass
+    q = ops.rotary_to_pool(qkv, cos, sin, (H, KVH, D), k_pool, v_pool, slots)
+    q_ref, k_ref = ops.rotary(qkv, cos, sin, H, KVH, D)
+    assert torch.equal(q, q_ref)
+    assert torch.equal(k_pool[slots], k_ref[:5]) and torch.equal(
+        v_pool[slots], qkv[:5, (H + KVH) * D :].view(5, KVH, D)
+    )
+    untouched = torch.ones(40, dtype=torch.bool)
+    untouched[slots] = False
+    assert k_pool[untouched].abs().sum() == 0 and v_pool[untouched].abs().sum() == 0
+    assert k_pool[slots].abs().sum() > 0
+
+
 @pytest.mark.parametrize("width", [576, 40])
 def test_rmsnorm_matches_transformers_and_rows_are_independent(ops, width):
     x = bf16(1, 200, width, scale=3.0)
