@@ -61,7 +61,9 @@ void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, int pairs, 
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-enum { PANEL = 256 /* outputs per work item */ };
+/* Outputs per work item: 256 when there are rows to walk down, fewer for a step's few rows so
+   that both threads get a share of the outputs. */
+enum { PANEL = 256, SMALL_PANEL = 64 };
 
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];
@@ -122,7 +124,7 @@ static inline void store_block(const float *c, int nrows, int ncols, const uint1
             const __mmask16 mask = cols >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << cols) - 1);
             const int64_t col = mode == MODE_PAIRS ? t * (N / 2) + n0 / 2 : n0 + 16 * t;
             const __m512 v = tile_row(c, r, t, bias ? bias + col : NULL, mask);
-            _mm256_mask_storeu_epi16(out + r * ldo + col, mask, f32x16_to_bf16(v));
+            _mm256_mask_storeu_epi16(out + r * ldo + col, mask, (__m256i)_mm512_cvtneps_pbh(v)); /* RNE */
         }
 }
 
@@ -164,7 +166,7 @@ int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K,
     if (mode != MODE_PLAIN && N % 32) return -3; /* pairs need N/2 in whole 16-output blocks */
     const int64_t ldo = mode == MODE_SILU_MUL ? N / 2 : N;
     const int64_t KB = (K + 31) / 32, Kp = KB * 32;
-    const int64_t MB = (M + 31) / 32, NP = (N + PANEL - 1) / PANEL;
+    const int64_t MB = (M + 31) / 32, panel = MB >= 4 ? PANEL : SMALL_PANEL, NP = (N + panel - 1) / panel;
     /* Rows are read in place where a 32-row block is whole and K a multiple of 32; else copied, zero-padded. */
     const int ragged_k = Kp != K;
     int failed = 0;
@@ -188,7 +190,7 @@ int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K,
                     for (int r = 0; r < nrows; r++) memcpy(pad + r * Kp, x + (m0 + r) * x_stride, sizeof(uint16_t) * K);
                     a = (RowsView){pad, Kp * 2};
                 }
-                for (int64_t n0 = np * PANEL; n0 < N && n0 < (np + 1) * PANEL; n0 += 32) {
+                for (int64_t n0 = np * panel; n0 < N && n0 < (np + 1) * panel; n0 += 32) {
                     const int ncols = N - n0 < 32 ? (int)(N - n0) : 32;
                     block_32x32(a, nrows, KB, packed, n0 / 16, bias, n0, ncols, out + m0 * ldo, N, ldo, mode, c);
                 }

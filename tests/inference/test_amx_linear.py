@@ -92,3 +92,19 @@ def test_silu_mul_in_the_output_stage_is_the_two_step_result_bit_for_bit(bias):
     assert not torch.equal(fused, ops.silu_mul(torch.cat([plain[:, n // 2 :], plain[:, : n // 2]], 1)))
     # Row by row the same as well.
     assert torch.equal(KERNEL.linear(x[7:9], pairs, n, b, SILU_MUL), fused[7:9])
+
+
+def test_the_thread_count_changes_nothing():
+    torch.manual_seed(3)
+    weight = torch.randn(960, 576, dtype=torch.bfloat16)
+    packed = KERNEL.pack(weight)
+    threads = torch.get_num_threads()
+    try:
+        for rows in (1, 8, 200):  # small calls split the outputs finer than large ones
+            x = torch.randn(rows, 576, dtype=torch.bfloat16)
+            torch.set_num_threads(1)
+            alone = KERNEL.linear(x, packed, 960, None)
+            torch.set_num_threads(max(2, threads))
+            assert torch.equal(KERNEL.linear(x, packed, 960, None), alone)
+    finally:
+        torch.set_num_threads(threads)
