@@ -70,6 +70,9 @@ def timed(name: str, fn):
 
 def instrument(engine: Engine) -> None:
     PackedLinear.forward = timed("linears", PackedLinear.forward)
+    fused_silu = timed("linears", PackedLinear.forward_silu_mul)  # the AMX gate|up with SiLU*up in its output
+    plain_silu = PackedLinear.forward_silu_mul  # calls forward (timed already) and the separate silu_mul
+    PackedLinear.forward_silu_mul = lambda self, x, ops: (fused_silu if self.silu_pairs else plain_silu)(self, x, ops)
     DecodeLinear.forward = timed("decode_linears", DecodeLinear.forward)
     # The attention function is looked up by name in transformers' registry at every call.
     from transformers import AttentionInterface

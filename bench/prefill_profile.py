@@ -31,16 +31,19 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 from bench.report import machine_description, write_section  # noqa: E402
-from inference import cpu_attention, fused_ops  # noqa: E402
+from inference import amx_linear, cpu_attention, fused_ops  # noqa: E402
 from inference.engine import Engine  # noqa: E402
 from inference.model_loader import load_model  # noqa: E402
 from inference.settings import EngineSettings  # noqa: E402
 from inference.types import SamplingParams  # noqa: E402
 
 ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0)
-MATMUL_OPS = {"mkldnn::_linear_pointwise", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm"}
+MATMUL_OPS = {
+    "mkldnn::_linear_pointwise", "aten::linear", "aten::mm", "aten::addmm", "aten::matmul", "aten::bmm",
+    "kvgate.amx_linear",  # our AMX kernel (where the CPU has AMX), SiLU*up of gate|up included
+}  # fmt: skip
 ATTENTION = "kvgate.attention"
-FUSED = ("kvgate.rmsnorm", "kvgate.rotary", "kvgate.silu_mul")
+FUSED = ("kvgate.rmsnorm", "kvgate.rotary", "kvgate.silu_mul", "kvgate.add_rmsnorm", "kvgate.rotary_to_pool")
 
 
 def best_seconds(fn: Callable[[], object], reps: int, inner: int = 3) -> float:
@@ -135,8 +138,9 @@ def label_native_calls() -> None:
 
     cls = cpu_attention.CpuPagedAttention
     cls.__call__ = labelled(ATTENTION, cls.__call__)
-    for name in ("rmsnorm", "rotary", "silu_mul"):
+    for name in ("rmsnorm", "rotary", "silu_mul", "add_rmsnorm", "rotary_to_pool"):
         setattr(fused_ops.FusedOps, name, labelled(f"kvgate.{name}", getattr(fused_ops.FusedOps, name)))
+    amx_linear.AmxLinearKernel.linear = labelled("kvgate.amx_linear", amx_linear.AmxLinearKernel.linear)
 
 
 def profile_prefill(engine: Engine, prompt: list[int]) -> dict:
