@@ -63,7 +63,7 @@ void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, int pairs, 
 #define XFEATURE_XTILEDATA 18
 /* Outputs per work item: 256 when there are rows to walk down, fewer for a step's few rows so
    that both threads get a share of the outputs. */
-enum { PANEL = 256, SMALL_PANEL = 64 };
+enum { PANEL = 256, SMALL_PANEL = 64, PREFETCH = 4 /* k-steps */ };
 
 typedef struct {
     uint8_t palette_id, start_row, reserved[14];
@@ -130,7 +130,8 @@ static inline void store_block(const float *c, int nrows, int ncols, const uint1
 
 /* out[m0 .. m0+nrows) x [n0 .. n0+ncols): ncols <= 32, nrows <= 32. */
 static inline void block_32x32(RowsView a, int nrows, int64_t KB, const uint16_t *packed, int64_t nb, const uint16_t *bias,
-                               int64_t n0, int ncols, uint16_t *out, int64_t N, int64_t ldo, int mode, float *c) {
+                               int64_t n0, int ncols, uint16_t *out, int64_t N, int64_t ldo, int mode, int stream,
+                               float *c) {
     const uint16_t *b0 = packed + nb * KB * 512, *b1 = b0 + KB * 512;
     _tile_zero(0);
     _tile_zero(1);
@@ -139,6 +140,16 @@ static inline void block_32x32(RowsView a, int nrows, int64_t KB, const uint16_t
         _tile_zero(3);
     }
     for (int64_t kb = 0; kb < KB; kb++) {
+        if (stream) {
+            /* The weight streams from memory when a step's few rows read it all: ask for the tiles
+               PREFETCH steps ahead (past this pair's end that is the next pair's, which follows it). */
+            const char *ahead0 = (const char *)(b0 + (kb + PREFETCH) * 512);
+            const char *ahead1 = (const char *)(b1 + (kb + PREFETCH) * 512);
+            for (int line = 0; line < 1024; line += 64) {
+                _mm_prefetch(ahead0 + line, _MM_HINT_T0);
+                _mm_prefetch(ahead1 + line, _MM_HINT_T0);
+            }
+        }
         _tile_loadd(4, a.rows + 32 * kb, a.stride);
         _tile_loadd(6, b0 + kb * 512, 64);
         _tile_loadd(7, b1 + kb * 512, 64);
@@ -192,7 +203,7 @@ int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K,
                 }
                 for (int64_t n0 = np * panel; n0 < N && n0 < (np + 1) * panel; n0 += 32) {
                     const int ncols = N - n0 < 32 ? (int)(N - n0) : 32;
-                    block_32x32(a, nrows, KB, packed, n0 / 16, bias, n0, ncols, out + m0 * ldo, N, ldo, mode, c);
+                    block_32x32(a, nrows, KB, packed, n0 / 16, bias, n0, ncols, out + m0 * ldo, N, ldo, mode, MB < 4, c);
                 }
             }
             _tile_release();
