@@ -568,25 +568,24 @@ static inline void amx_scores(AmxTile *t, const AttnArgs *a, const int32_t *tabl
     }
 }
 
-/* exp(x) for x <= 0 and finite, to well under bf16's precision (p is rounded to bf16): 2^n * e^r with
- * |r| <= ln2/2 and e^r by its Taylor series to r^4 (relative error below 5e-5). Far below exp's range
- * the result is 0 or denormal, which is what those keys weigh. */
-static inline __m512 exp16_bf16(__m512 x) {
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_fmadd_ps(r, _mm512_set1_ps(1.0f / 24), _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+/* 2^x for x <= 0 and finite, to well under bf16's precision (p is rounded to bf16): 2^n * 2^f with
+ * |f| <= 1/2 and 2^f = e^(f ln2) by its Taylor series to the 4th power (relative error below 5e-5).
+ * Far below the range the result is 0 or denormal, which is what those keys weigh. */
+static inline __m512 exp2_16_bf16(__m512 x) {
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_fmadd_ps(f, _mm512_set1_ps(9.6181291076e-3f), _mm512_set1_ps(5.5504108665e-2f)); /* ln2^4/24, ln2^3/6 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650696e-1f));                                        /* ln2^2/2 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718056e-1f));                                        /* ln2 */
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
 
 /* The online softmax of group g over the chunk at key k0: m, lv, corr and pT. Returns whether any lane's max moved.
- * all_valid: every vector sees every key of the chunk (no masks, no -inf scores). */
+ * all_valid: every vector sees every key of the chunk (no masks, no -inf scores). The running max m is kept
+ * in base-2 units (scores times scale * log2 e), so each p is one 2^x. */
 static inline int amx_softmax(AmxTile *t, int g, int64_t k0, int nkeys, int all_valid, float scale_f, __m512 *corr) {
-    const __m512 scale = _mm512_set1_ps(scale_f), neg_inf = _mm512_set1_ps(-INFINITY);
+    const __m512 scale = _mm512_set1_ps(scale_f * 1.44269504088896341f), neg_inf = _mm512_set1_ps(-INFINITY);
     const __m512i P = _mm512_load_si512(t->pos[g]);
     const int nk = (nkeys + 15) & ~15; /* whole blocks were scored; past them p is 0 */
     __mmask16 live[AMX_KEYS];
@@ -597,15 +596,16 @@ static inline int amx_softmax(AmxTile *t, int g, int64_t k0, int nkeys, int all_
     }
     const __m512 m_old = _mm512_load_ps(t->m[g]);
     const __m512 m_new = _mm512_max_ps(m_old, _mm512_mul_ps(mx, scale));
-    *corr = exp16(_mm512_sub_ps(m_old, m_new)); /* exp16 clamps: m_old is -inf before the first chunk */
+    /* exp16 clamps: m_old is -inf before the first chunk */
+    *corr = exp16(_mm512_mul_ps(_mm512_sub_ps(m_old, m_new), _mm512_set1_ps(0.69314718055994531f)));
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 sum = _mm512_setzero_ps();
     for (int kp = 0; kp < AMX_KP; kp++) {
         __m512 p0 = _mm512_setzero_ps(), p1 = _mm512_setzero_ps();
         if (2 * kp < nk) {
-            p0 = exp16_bf16(_mm512_fmsub_ps(_mm512_load_ps(t->s[2 * kp]), scale, m_new));
-            p1 = exp16_bf16(_mm512_fmsub_ps(_mm512_load_ps(t->s[2 * kp + 1]), scale, m_new));
+            p0 = exp2_16_bf16(_mm512_fmsub_ps(_mm512_load_ps(t->s[2 * kp]), scale, m_new));
+            p1 = exp2_16_bf16(_mm512_fmsub_ps(_mm512_load_ps(t->s[2 * kp + 1]), scale, m_new));
             if (!all_valid) {
                 p0 = _mm512_maskz_mov_ps(live[2 * kp], p0);
                 p1 = _mm512_maskz_mov_ps(live[2 * kp + 1], p1);
