@@ -715,7 +715,8 @@ int kvgate_paged_attention(const AttnArgs *a) {
     /* The bf16 kernel lays out each KV block once per tile: bigger tiles share that work. */
     const int64_t tile_rows = fast ? FAST_TILE_VECS / G : TILE_ROWS;
     /* Decode rows (the leading num_decode) get one item per row and KV head (r1 = -1 marks them). */
-    const int64_t num_decode = fast && G <= DECODE_MAX_G ? (a->num_decode < a->T ? a->num_decode : a->T) : 0;
+    /* With AMX every row takes the tiles (faster for decode rows too, 8 rows at 300 keys: 98 vs 114 us). */
+    const int64_t num_decode = !amx && fast && G <= DECODE_MAX_G ? (a->num_decode < a->T ? a->num_decode : a->T) : 0;
     int64_t n = 0, r0 = num_decode, keys = 0;
     for (int64_t r = 0; r < num_decode; r++) {
         for (int64_t h = 0; h < a->KVH; h++) items[n++] = (WorkItem){r, -1, h};
