@@ -259,7 +259,7 @@ def main() -> None:
     lines += [
         "",
         f"Rates inside the profile, GFLOP/s: attention kernel {attn_rates}; matmuls {mm_rates}. "
-        "Attention is csrc/paged_attention.c (AVX-512 bf16 dot products where the CPU has them); "
+        "Attention is csrc/paged_attention.c (AMX tiles where the CPU has them, else AVX-512 bf16 dot products); "
         "the fused ops are csrc/fused_ops.c.",
     ]
     print("\n".join(lines))
