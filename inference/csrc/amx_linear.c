@@ -55,41 +55,15 @@ void kvgate_amx_linear_pack(const uint16_t *w, int64_t N, int64_t K, int pairs, 
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
-#include <immintrin.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 /* Outputs per work item: 256 when there are rows to walk down, fewer for a step's few rows so
    that both threads get a share of the outputs. */
 enum { PANEL = 256, SMALL_PANEL = 64, PREFETCH = 4 /* k-steps */ };
 
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed, aligned(64))) TileConfig;
-
 int kvgate_amx_linear_available(void) {
-    static int state; /* 0: not asked yet, 1: granted, -1: refused (Linux has each process request the tiles) */
-    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (s == 0) {
-        s = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
-    }
-    return s > 0;
-}
-
-static void configure(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette_id = 1;
-    for (int i = 0; i < 8; i++) {
-        c.rows[i] = 16;
-        c.colsb[i] = 64;
-    }
-    _tile_loadconfig(&c);
+    static int state;
+    return amx_request(&state);
 }
 
 /* Rows [0, 32) of a: x's rows from m0 (stride in bytes), or a zero-padded copy where fewer remain or K is ragged. */
@@ -189,7 +163,7 @@ int kvgate_amx_linear(const uint16_t *x, int64_t x_stride, int64_t M, int64_t K,
 #pragma omp atomic write
             failed = 1;
         } else {
-            configure();
+            amx_configure();
             /* Panel-major: a thread walks down the rows with one panel of the weight in its cache. */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t item = 0; item < NP * MB; item++) {

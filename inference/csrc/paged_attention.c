@@ -266,6 +266,26 @@ static inline __attribute__((always_inline)) void pv_vectors(FastTile *t, RowSta
         for (int j = 0; j < NF; j++) _mm512_store_ps(st[v0 + n].acc + 16 * j, acc[n][j]);
 }
 
+/* A tile's query vectors (rows x heads of one KV head), one per lane in groups of 16: qT as bf16 pairs
+ * transposed (lane u of qT[g][dp] holds vector u's dims 2dp, 2dp+1), the running max and denominator
+ * reset, and each lane's position (a dummy lane past nvec gets the last one: it sees every key). */
+static inline void query_lanes(const AttnArgs *a, WorkItem w, int64_t nvec, int NP, uint32_t (*qT)[64][16],
+                               float (*m)[16], float (*lv)[16], int32_t (*pos)[16]) {
+    const int64_t G = a->H / a->KVH, ngroups = (nvec + 15) / 16;
+    const int32_t last_pos = a->row_pos[w.r1 - 1];
+    memset(qT, 0, sizeof(uint32_t) * 64 * 16 * ngroups);
+    for (int64_t v = 0; v < ngroups * 16; v++) {
+        const int64_t g = v / 16, u = v % 16;
+        m[g][u] = -INFINITY;
+        lv[g][u] = 0.0f;
+        pos[g][u] = v < nvec ? a->row_pos[w.r0 + v / G] : last_pos;
+        if (v >= nvec) continue;
+        const uint32_t *row =
+            (const uint32_t *)((const uint16_t *)a->q + (w.r0 + v / G) * a->q_stride_t + (w.kvh * G + v % G) * a->q_stride_h);
+        for (int dp = 0; dp < NP; dp++) qT[g][dp][u] = row[dp];
+    }
+}
+
 static inline __attribute__((always_inline)) void tile_bf16_d(const AttnArgs *a, WorkItem w, RowState *st,
                                                                 FastTile *t, const int D) {
     const int NP = D / 2, NF = D / 16, NV = D == 64 ? 4 : 2;
@@ -279,18 +299,8 @@ static inline __attribute__((always_inline)) void tile_bf16_d(const AttnArgs *a,
                                             37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
     const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
 
-    memset(t->qT, 0, sizeof(uint32_t) * 64 * 16 * ngroups);
-    for (int64_t v = 0; v < ngroups * 16; v++) {
-        const int64_t g = v / 16, u = v % 16;
-        t->m[g][u] = -INFINITY;
-        t->lv[g][u] = 0.0f;
-        t->pos[g][u] = v < nvec ? a->row_pos[w.r0 + v / G] : last_pos; /* a dummy lane sees every key */
-        if (v >= nvec) continue;
-        const uint32_t *row =
-            (const uint32_t *)((const uint16_t *)a->q + (w.r0 + v / G) * a->q_stride_t + (w.kvh * G + v % G) * a->q_stride_h);
-        for (int dp = 0; dp < NP; dp++) t->qT[g][dp][u] = row[dp];
-        memset(st[v].acc, 0, sizeof(float) * D);
-    }
+    query_lanes(a, w, nvec, NP, t->qT, t->m, t->lv, t->pos);
+    for (int64_t v = 0; v < nvec; v++) memset(st[v].acc, 0, sizeof(float) * D);
 
     for (int64_t b = 0; b * 16 <= last_pos; b++) {
         const int64_t block = table[b];
@@ -439,8 +449,7 @@ static void tile_bf16(const AttnArgs *a, WorkItem w, RowState *st, FastTile *t) 
 
 #if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define KVGATE_AMX 1
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx_tiles.h"
 /*
  * Prompt rows with AMX tiles (bf16 pool, D 64 or 128, block_size 16): the tiles of query
  * vectors of tile_bf16_d, with the dot products of q.k and p.v on the tile unit, and the
@@ -456,15 +465,7 @@ static void tile_bf16(const AttnArgs *a, WorkItem w, RowState *st, FastTile *t) 
  *    factor of exactly 1 changes nothing, so a lane's sums never depend on its neighbours.
  * Keys past the tile's last position are never read: their p is 0 and their values are 0.
  */
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
 enum { AMX_KEYS = 64, AMX_BLOCKS = AMX_KEYS / 16, AMX_KP = AMX_KEYS / 2 };
-
-typedef struct {
-    uint8_t palette_id, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed, aligned(64))) TileConfig;
 
 typedef struct {
     uint32_t qT[FAST_GROUPS][64][16]; /* lane u of qT[g][dp]: vector u's dims 2dp, 2dp+1 */
@@ -477,28 +478,11 @@ typedef struct {
     uint32_t vT[128][AMX_KP]; /* the same transposed: vT[d][kp] */
 } __attribute__((aligned(64))) AmxTile;
 
-/* Whether this process may use the tile registers (Linux has each process request them). */
+/* Whether this process may use the tile registers; KVGATE_ATTENTION_AMX=0 keeps the vdpbf16ps tiles (A/B runs). */
 static int amx_permitted(void) {
-    static int state; /* 0: not asked yet, 1: granted, -1: refused */
-    int s = __atomic_load_n(&state, __ATOMIC_ACQUIRE);
-    if (s == 0) {
-        const char *off = getenv("KVGATE_ATTENTION_AMX"); /* "0": the vdpbf16ps tiles instead, for A/B runs */
-        s = off && strcmp(off, "0") == 0 ? -1 : syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
-        __atomic_store_n(&state, s, __ATOMIC_RELEASE);
-    }
-    return s > 0;
-}
-
-/* Tiles are per thread, and oneDNN loads its own configuration between our calls. */
-static void amx_configure(void) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette_id = 1;
-    for (int i = 0; i < 8; i++) {
-        c.rows[i] = 16;
-        c.colsb[i] = 64;
-    }
-    _tile_loadconfig(&c);
+    static int state;
+    const char *off = getenv("KVGATE_ATTENTION_AMX");
+    return !(off && strcmp(off, "0") == 0) && amx_request(&state);
 }
 
 /* dst[i][j] = src[j][i] for a 16 x 16 block of 32-bit words. */
@@ -643,18 +627,8 @@ static inline __attribute__((always_inline)) void tile_amx_d(const AttnArgs *a, 
     const int64_t nvec = (w.r1 - w.r0) * G, ngroups = (nvec + 15) / 16;
     const int32_t first_pos = a->row_pos[w.r0], last_pos = a->row_pos[w.r1 - 1];
 
-    memset(t->qT, 0, sizeof(uint32_t) * 64 * 16 * ngroups);
     for (int64_t g = 0; g < ngroups; g++) memset(t->accT[g], 0, sizeof(float) * 16 * D);
-    for (int64_t v = 0; v < ngroups * 16; v++) {
-        const int64_t g = v / 16, u = v % 16;
-        t->m[g][u] = -INFINITY;
-        t->lv[g][u] = 0.0f;
-        t->pos[g][u] = v < nvec ? a->row_pos[w.r0 + v / G] : last_pos; /* a dummy lane sees every key */
-        if (v >= nvec) continue;
-        const uint32_t *row =
-            (const uint32_t *)((const uint16_t *)a->q + (w.r0 + v / G) * a->q_stride_t + (w.kvh * G + v % G) * a->q_stride_h);
-        for (int dp = 0; dp < NP; dp++) t->qT[g][dp][u] = row[dp];
-    }
+    query_lanes(a, w, nvec, NP, t->qT, t->m, t->lv, t->pos);
 
     for (int64_t k0 = 0; k0 <= last_pos; k0 += AMX_KEYS) {
         const int nkeys = last_pos + 1 - k0 < AMX_KEYS ? (int)(last_pos + 1 - k0) : AMX_KEYS;
