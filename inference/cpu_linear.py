@@ -42,12 +42,8 @@ class PackedLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.amx is not None:
-            flat = x.reshape(-1, self.in_features)
-            if flat.stride(-1) != 1:
-                flat = flat.contiguous()
             mode = amx_linear.PAIRS if self.silu_pairs else amx_linear.PLAIN
-            out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias, mode)
-            return out.reshape(*x.shape[:-1], self.out_features)
+            return self._amx(x, mode, self.out_features)
         if x.numel() == self.in_features:
             # oneDNN takes a different path for a single row (its sums come out in another
             # order); padding to two rows keeps every row on the path batches use.
@@ -60,11 +56,14 @@ class PackedLinear(torch.nn.Module):
         in the AMX kernel's output stage where the weight was packed for it."""
         if not self.silu_pairs:
             return ops.silu_mul(self(x))
+        return self._amx(x, amx_linear.SILU_MUL, self.out_features // 2)
+
+    def _amx(self, x: torch.Tensor, mode: int, width: int) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features)
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias, amx_linear.SILU_MUL)
-        return out.reshape(*x.shape[:-1], self.out_features // 2)
+        out = self.amx.linear(flat, self.packed_weight, self.out_features, self.bias, mode)
+        return out.reshape(*x.shape[:-1], width)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")

@@ -183,42 +183,29 @@ def ask(cluster: Cluster, gateway: Serve, key: str, messages: list[dict[str, Any
 
 def usage_records(cluster: Cluster, tenant_id: str, count: int) -> list[dict[str, Any]]:
     """The tenant's usage records, oldest first, once `count` of them are written."""
-    engine = sa.create_engine(sync_url(cluster.database_url))
-    rows: list[dict[str, Any]] = []
-
-    def fetch() -> bool:
-        nonlocal rows
-        with engine.connect() as conn:
-            result = conn.execute(
-                sa.text("SELECT * FROM usage_records WHERE tenant_id = :t ORDER BY started_at"), {"t": tenant_id}
-            )
-            rows = [dict(row._mapping) for row in result]
-        return len(rows) >= count
-
-    try:
-        wait_for(fetch, f"{count} usage records of tenant {tenant_id}", every_s=0.2)
-    finally:
-        engine.dispose()
-    return rows
+    sql = "SELECT * FROM usage_records WHERE tenant_id = :t ORDER BY started_at"
+    return rows_once(cluster, sql, tenant_id, count, "usage records")
 
 
 def ledger(cluster: Cluster, tenant_id: str, count: int) -> list[dict[str, Any]]:
     """The tenant's usage ledger entries, oldest first, once `count` of them are settled."""
+    sql = "SELECT * FROM ledger_entries WHERE tenant_id = :t AND kind = 'usage' ORDER BY started_at"
+    return rows_once(cluster, sql, tenant_id, count, "ledger entries")
+
+
+def rows_once(cluster: Cluster, sql: str, tenant_id: str, count: int, what: str) -> list[dict[str, Any]]:
+    """The rows `sql` selects for the tenant, once there are `count` of them."""
     engine = sa.create_engine(sync_url(cluster.database_url))
     rows: list[dict[str, Any]] = []
 
     def fetch() -> bool:
         nonlocal rows
         with engine.connect() as conn:
-            result = conn.execute(
-                sa.text("SELECT * FROM ledger_entries WHERE tenant_id = :t AND kind = 'usage' ORDER BY started_at"),
-                {"t": tenant_id},
-            )
-            rows = [dict(row._mapping) for row in result]
+            rows = [dict(row._mapping) for row in conn.execute(sa.text(sql), {"t": tenant_id})]
         return len(rows) >= count
 
     try:
-        wait_for(fetch, f"{count} ledger entries of tenant {tenant_id}", every_s=0.2)
+        wait_for(fetch, f"{count} {what} of tenant {tenant_id}", every_s=0.2)
     finally:
         engine.dispose()
     return rows
