@@ -1,8 +1,8 @@
-"""Where a cold prefill's time goes, op by op, beside this CPU's bf16 matmul limit.
+"""Where a cold prefill's time goes, op by op, beside this CPU's matmul limit (in the engine's dtype).
 
 Run: .venv/bin/python bench/prefill_profile.py [--quick]
-For SmolLM2-135M-Instruct (bf16 on CPUs with avx512_bf16/AMX), with the engine's thread count:
-  1. the bf16 matmul GFLOP/s this CPU reaches (oneDNN-packed weights, as the engine runs them)
+For SmolLM2-135M-Instruct (bf16 on CPUs with avx512_bf16/AMX, else float32), with the engine's thread count:
+  1. the matmul GFLOP/s this CPU reaches in that dtype (as the engine runs its linears)
      at the model's shapes and at a large square shape: the practical limit;
   2. the FLOPs of a cold prefill (linears + causal attention) and the rate each run reaches;
   3. a torch.profiler breakdown of one cold prefill per length: attention (our C kernel),
@@ -33,7 +33,7 @@ from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E
 from bench.report import machine_description, write_section  # noqa: E402
 from inference import amx_linear, cpu_attention, fused_ops  # noqa: E402
 from inference.engine import Engine  # noqa: E402
-from inference.model_loader import load_model  # noqa: E402
+from inference.model_loader import load_model, select_dtype  # noqa: E402
 from inference.settings import EngineSettings  # noqa: E402
 from inference.types import SamplingParams  # noqa: E402
 
@@ -44,6 +44,14 @@ MATMUL_OPS = {
 }  # fmt: skip
 ATTENTION = "kvgate.attention"
 FUSED = ("kvgate.rmsnorm", "kvgate.rotary", "kvgate.silu_mul", "kvgate.add_rmsnorm", "kvgate.rotary_to_pool")
+
+
+def dtype_name() -> str:
+    return str(engine_dtype()).removeprefix("torch.")
+
+
+def matmul_path() -> str:
+    return "oneDNN-packed weights" if engine_dtype() == torch.bfloat16 else "torch's linear"
 
 
 def best_seconds(fn: Callable[[], object], reps: int, inner: int = 3) -> float:
@@ -57,15 +65,25 @@ def best_seconds(fn: Callable[[], object], reps: int, inner: int = 3) -> float:
     return best
 
 
+def engine_dtype() -> torch.dtype:
+    """The dtype the engine computes in on this CPU (its `auto`): bf16 with avx512_bf16/AMX, else float32."""
+    return select_dtype("auto", torch.device("cpu"))
+
+
 def matmul_limit(shapes: list[tuple[int, int]], rows: int, reps: int) -> list[dict]:
-    """GFLOP/s of x[rows, K] @ W[N, K]^T with W prepacked for oneDNN, best of reps."""
+    """GFLOP/s of x[rows, K] @ W[N, K]^T as the engine runs its linears, best of reps: bf16 with W
+    prepacked for oneDNN where the engine computes in bf16, else float32 through torch's linear."""
     out = []
+    bf16 = engine_dtype() == torch.bfloat16
     for n, k in shapes:
-        x = torch.randn(rows, k).to(torch.bfloat16)
-        packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(n, k).to(torch.bfloat16))
+        x = torch.randn(rows, k).to(engine_dtype())
+        weight = torch.randn(n, k).to(engine_dtype())
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight) if bf16 else weight
 
         def mm(x: torch.Tensor = x, packed: torch.Tensor = packed) -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            if bf16:
+                return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            return torch.nn.functional.linear(x, packed)
 
         seconds = best_seconds(mm, reps)
         out.append({"shape": f"{rows} x {k} @ {k} x {n}", "gflops": 2 * rows * n * k / seconds / 1e9})
@@ -73,7 +91,8 @@ def matmul_limit(shapes: list[tuple[int, int]], rows: int, reps: int) -> list[di
 
 
 def attention_rate(config: object, n: int, chunk: int, reps: int) -> float:
-    """GFLOP/s of our attention kernel alone: one layer's causal n-token prefill in chunks, random bf16 data."""
+    """GFLOP/s of our attention kernel alone: one layer's causal n-token prefill in chunks, random data in the
+    engine's dtype."""
     c = config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kernel = cpu_attention.CpuPagedAttention.load(EngineSettings().cache_dir)
@@ -81,8 +100,9 @@ def attention_rate(config: object, n: int, chunk: int, reps: int) -> float:
         return float("nan")
     gen = torch.Generator().manual_seed(0)
     blocks = n // 16 + 1
-    k, v = (torch.randn(blocks, 16, c.num_key_value_heads, head_dim, generator=gen).bfloat16() for _ in range(2))
-    q = torch.randn(n, c.num_attention_heads, head_dim, generator=gen).bfloat16()
+    dtype = engine_dtype()
+    k, v = (torch.randn(blocks, 16, c.num_key_value_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
+    q = torch.randn(n, c.num_attention_heads, head_dim, generator=gen).to(dtype)
     table = torch.randperm(blocks, generator=gen).to(torch.int32)[None]
     layouts = [
         cpu_attention.RowLayout(
@@ -220,7 +240,7 @@ def main() -> None:
         f"prefill chunks of {settings.max_num_batched_tokens} tokens. Load average during the run: {' '.join(load)} "
         "(other processes shared the cores: absolute times are upper bounds).",
         "",
-        f"### 1. The bf16 matmul limit ({threads} threads, oneDNN-packed weights, best of {4 * reps})",
+        f"### 1. The {dtype_name()} matmul limit ({threads} threads, {matmul_path()}, best of {4 * reps})",
         "",
         "| matmul | GFLOP/s |",
         "|---|---|",
@@ -259,7 +279,8 @@ def main() -> None:
     lines += [
         "",
         f"Rates inside the profile, GFLOP/s: attention kernel {attn_rates}; matmuls {mm_rates}. "
-        "Attention is csrc/paged_attention.c (AMX tiles where the CPU has them, else AVX-512 bf16 dot products); "
+        "Attention is csrc/paged_attention.c (AMX tiles where the CPU has them, else AVX-512 bf16 dot products, "
+        "else float32 C the compiler vectorizes); "
         "the fused ops are csrc/fused_ops.c.",
     ]
     print("\n".join(lines))

