@@ -46,14 +46,6 @@ ATTENTION = "kvgate.attention"
 FUSED = ("kvgate.rmsnorm", "kvgate.rotary", "kvgate.silu_mul", "kvgate.add_rmsnorm", "kvgate.rotary_to_pool")
 
 
-def dtype_name() -> str:
-    return str(engine_dtype()).removeprefix("torch.")
-
-
-def matmul_path() -> str:
-    return "oneDNN-packed weights" if engine_dtype() == torch.bfloat16 else "torch's linear"
-
-
 def best_seconds(fn: Callable[[], object], reps: int, inner: int = 3) -> float:
     fn()
     best = float("inf")
@@ -68,6 +60,14 @@ def best_seconds(fn: Callable[[], object], reps: int, inner: int = 3) -> float:
 def engine_dtype() -> torch.dtype:
     """The dtype the engine computes in on this CPU (its `auto`): bf16 with avx512_bf16/AMX, else float32."""
     return select_dtype("auto", torch.device("cpu"))
+
+
+def dtype_name() -> str:
+    return str(engine_dtype()).removeprefix("torch.")
+
+
+def matmul_path() -> str:
+    return "oneDNN-packed weights" if engine_dtype() == torch.bfloat16 else "torch's linear"
 
 
 def matmul_limit(shapes: list[tuple[int, int]], rows: int, reps: int) -> list[dict]:
@@ -280,7 +280,7 @@ def main() -> None:
         "",
         f"Rates inside the profile, GFLOP/s: attention kernel {attn_rates}; matmuls {mm_rates}. "
         "Attention is csrc/paged_attention.c (AMX tiles where the CPU has them, else AVX-512 bf16 dot products, "
-        "else float32 C the compiler vectorizes); "
+        "else AVX2 + FMA); "
         "the fused ops are csrc/fused_ops.c.",
     ]
     print("\n".join(lines))

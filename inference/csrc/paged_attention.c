@@ -7,10 +7,13 @@
  * call, how a prompt was chunked, or how many sequences run together; so a prefix
  * read from the cache gives bit-identical attention to one computed in the same pass.
  *
- * Two implementations of the same order of blocks:
- *  - generic: any head_dim, float32 or bfloat16 pools, plain C the compiler vectorizes;
+ * Implementations of the same order of blocks:
+ *  - generic: any head_dim, float32 or bfloat16 pools, plain C;
+ *  - avx2: CPUs with AVX2 + FMA but not avx512_bf16, float32 or bfloat16 pools, head_dim
+ *    a multiple of 8, 8 query vectors at a time, one per vector lane (see tile_avx2);
  *  - avx512bf16: bfloat16 pools with head_dim 64 or 128, dot products with vdpbf16ps,
- *    16 query vectors at a time, one per vector lane (see tile_bf16_d).
+ *    16 query vectors at a time, one per vector lane (see tile_bf16_d);
+ *  - amx: on AMX CPUs, the avx512bf16 cases on tiles (see tile_amx).
  * Each is deterministic on its own; a process uses one of them for a given pool. Which
  * one is decided when the library is built (-march=native, on the machine that runs it).
  */
