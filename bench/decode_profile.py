@@ -48,7 +48,7 @@ from inference import model_runner as runner_module  # noqa: E402
 from inference import paged_attention as attention_module  # noqa: E402
 from inference.cpu_attention import CpuPagedAttention  # noqa: E402
 from inference.cpu_linear import PackedLinear  # noqa: E402
-from inference.decode_linear import DecodeLinear  # noqa: E402
+from inference.decode_linear import BlockDecodeLinear, DecodeLinear  # noqa: E402
 from inference.engine import Engine  # noqa: E402
 from inference.model_loader import load_model  # noqa: E402
 from inference.settings import EngineSettings  # noqa: E402
@@ -74,6 +74,8 @@ def instrument(engine: Engine) -> None:
     plain_silu = PackedLinear.forward_silu_mul  # calls forward (timed already) and the separate silu_mul
     PackedLinear.forward_silu_mul = lambda self, x, ops: (fused_silu if self.silu_pairs else plain_silu)(self, x, ops)
     DecodeLinear.forward = timed("decode_linears", DecodeLinear.forward)
+    BlockDecodeLinear.forward = timed("decode_linears", BlockDecodeLinear.forward)
+    torch.nn.Linear.forward = timed("linears", torch.nn.Linear.forward)  # float32 models keep plain linears
     # The attention function is looked up by name in transformers' registry at every call.
     from transformers import AttentionInterface
 
@@ -104,10 +106,11 @@ def bandwidth_gb_s() -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
+    dtype = next(model.parameters()).dtype
     total = 0
     for module in model.modules():
         if isinstance(module, PackedLinear | torch.nn.Linear):
-            total += module.in_features * module.out_features * 2  # bf16
+            total += module.in_features * module.out_features * dtype.itemsize
     return total
 
 

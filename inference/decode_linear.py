@@ -1,17 +1,21 @@
-"""The linears of decode rows (generated tokens) through csrc/decode_linear.c, bf16 on avx512_bf16 CPUs.
+"""The linears of decode rows (generated tokens) through csrc/decode_linear.c.
 
-A decode step reads every weight once for a few rows; oneDNN's small-matmul path took
-~180 us a call for that, twice the time to read the weights. DecodeLinear keeps the
-oneDNN PackedLinear for prompt rows and runs decode rows through our kernel (weights
-packed for it at load, float32 sums in one fixed order per output, the same for any
-number of rows).
+A decode step reads every weight once for a few rows. The kernel serves two kinds of model:
+  - bf16 on avx512_bf16 CPUs: oneDNN's small-matmul path took ~180 us a call, twice the time
+    to read the weights; the kernel reads weights packed for it at load (DecodeLinear keeps
+    the oneDNN PackedLinear for prompt rows);
+  - float32 on AVX2 CPUs, where the weights are exact GGUF blocks (exact_blocks.py): the
+    kernel reads the blocks, a sixth of the float32 bytes, and rebuilds the same weights
+    (BlockDecodeLinear keeps the nn.Linear for prompt rows).
+Either way the kernel sums in float32 in one fixed order per output, the same for any
+number of rows.
 
 Which rows are which is the row's kind, never the batch's size or mix: a row at a
 position past its request's prompt (its input is a generated token) is a decode row,
 every other row a prompt row. ModelRunner puts a pass's decode rows first and sets
 DecodeRows.count; every DecodeLinear of the model reads it. So a prompt row is always
-computed by oneDNN and a decode row always by our kernel, whatever else runs in the
-step; only prompt blocks are ever cached (kv_cache_manager.commit_computed), so cached
+computed by the prompt path and a decode row always by our kernel, whatever else runs in
+the step; only prompt blocks are ever cached (kv_cache_manager.commit_computed), so cached
 KV always comes from the prompt path, as it did before.
 """
 
@@ -25,6 +29,7 @@ from pathlib import Path
 import torch
 
 from inference.cpu_linear import PackedLinear
+from inference.exact_blocks import BLOCK, BlockWeight, find_blocks
 from inference.fused_ops import FusedOps
 from inference.native import load_library
 
@@ -37,10 +42,13 @@ DEFAULT_SPIN_US = 0
 
 
 class DecodeKernel:
-    """The C functions: pack a bf16 weight, then multiply rows by it."""
+    """The C functions: pack a bf16 weight, then multiply rows by it; or multiply float32 rows by exact blocks."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         lib.kvgate_decode_linear_available.restype = _INT
+        available = lib.kvgate_decode_linear_available()
+        self.bf16 = bool(available & 1)  # avx512_bf16
+        self.blocks = bool(available & 2)  # AVX2 + FMA
         lib.kvgate_decode_linear_packed_size.argtypes = [_I64, _I64]
         lib.kvgate_decode_linear_packed_size.restype = _I64
         lib.kvgate_decode_linear_pack.argtypes = [_PTR, _I64, _I64, _PTR]
@@ -49,12 +57,16 @@ class DecodeKernel:
         lib.kvgate_decode_linear_set_spin.restype = None
         lib.kvgate_decode_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _I64, _INT, _INT]
         lib.kvgate_decode_linear.restype = None
+        lib.kvgate_decode_blocks_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _INT, _I64, _PTR, _PTR, _I64, _INT]
+        lib.kvgate_decode_blocks_linear.restype = None
+        lib.kvgate_decode_blocks_unpack.argtypes = [_PTR, _INT, _I64, _I64, _PTR]
+        lib.kvgate_decode_blocks_unpack.restype = None
         self.lib = lib
         self.spin_ns = 1000 * int(os.environ.get("KVGATE_DECODE_SPIN_US", DEFAULT_SPIN_US))
 
     @classmethod
     def load(cls, cache_dir: Path) -> DecodeKernel | None:
-        """The kernel, or None where it cannot be built or the CPU lacks avx512_bf16."""
+        """The kernel, or None where it cannot be built or the CPU has neither avx512_bf16 nor AVX2 + FMA."""
         lib = load_library("decode_linear", str(cache_dir))
         if lib is None or not lib.kvgate_decode_linear_available():
             return None
@@ -71,7 +83,7 @@ class DecodeKernel:
     def pack(self, weight: torch.Tensor) -> torch.Tensor:
         """[N, K] bf16 -> the kernel's layout (an opaque int32 tensor)."""
         weight = weight.detach().contiguous()
-        assert weight.dtype == torch.bfloat16 and weight.dim() == 2
+        assert self.bf16 and weight.dtype == torch.bfloat16 and weight.dim() == 2
         N, K = weight.shape
         packed = torch.empty(self.lib.kvgate_decode_linear_packed_size(N, K), dtype=torch.int32)
         self.lib.kvgate_decode_linear_pack(weight.data_ptr(), N, K, packed.data_ptr())
@@ -95,6 +107,27 @@ class DecodeKernel:
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             int(out_dtype == torch.float32), torch.get_num_threads(),
         )  # fmt: skip
+        return out
+
+    def blocks_linear(self, x: torch.Tensor, weight: BlockWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x [M, K] float32 (unit stride on K) @ W^T + bias -> [M, N] float32, W given as exact blocks."""
+        assert self.blocks and x.dtype == torch.float32 and x.dim() == 2 and x.stride(1) == 1
+        assert x.shape[1] == weight.in_features and weight.in_features % BLOCK == 0
+        assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
+        out = torch.empty(x.shape[0], weight.out_features, dtype=torch.float32)
+        self.lib.kvgate_decode_blocks_linear(
+            x.data_ptr(), x.stride(0), x.shape[0], weight.in_features, weight.packed.data_ptr(), weight.format,
+            weight.out_features, None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out
+
+    def unpack_blocks(self, weight: BlockWeight) -> torch.Tensor:
+        """The float32 weights the kernel multiplies by (for tests)."""
+        out = torch.empty(weight.out_features, weight.in_features, dtype=torch.float32)
+        self.lib.kvgate_decode_blocks_unpack(
+            weight.packed.data_ptr(), weight.format, weight.out_features, weight.in_features, out.data_ptr()
+        )
         return out
 
 
@@ -141,12 +174,36 @@ class DecodeLinear(torch.nn.Module):
         return act.reshape(*x.shape[:-1], self.out_features // 2)
 
 
+class BlockDecodeLinear(torch.nn.Module):
+    """A float32 nn.Linear for prompt rows, our kernel over its exact blocks for the pass's leading decode rows."""
+
+    def __init__(self, prefill: torch.nn.Linear, blocks: BlockWeight, kernel: DecodeKernel, rows: DecodeRows) -> None:
+        super().__init__()
+        self.prefill = prefill
+        self.in_features = prefill.in_features
+        self.out_features = prefill.out_features
+        self.blocks = blocks
+        self.kernel = kernel
+        self.rows = rows
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.rows.count
+        if d == 0:
+            return self.prefill(x)
+        flat = x.reshape(-1, self.in_features)
+        decode = self.kernel.blocks_linear(flat[:d], self.blocks, self.prefill.bias)
+        if d < flat.shape[0]:
+            decode = torch.cat([decode, self.prefill(flat[d:])])
+        return decode.reshape(*x.shape[:-1], self.out_features)
+
+
 def use_decode_kernel(model: torch.nn.Module, kernel: DecodeKernel | None) -> DecodeRows | None:
-    """Wrap the decoder layers' PackedLinears (the LM head is the runner's) in DecodeLinears.
+    """Wrap the decoder layers' linears (the LM head is the runner's): bf16 ones in DecodeLinears
+    (on avx512_bf16), float32 ones whose weights are exact blocks in BlockDecodeLinears (on AVX2).
 
     Returns the model's DecodeRows (one per model: a second runner over the same model finds
     the wrapped layers and shares it), or None where the kernel is unavailable or nothing
-    was packed. Needs the weights before packing: call between fusing and pack_linears.
+    was wrapped. Needs the weights before packing: call between fusing and pack_linears.
     """
     if kernel is None:
         return None
@@ -160,8 +217,13 @@ def use_decode_kernel(model: torch.nn.Module, kernel: DecodeKernel | None) -> De
     swapped = 0
     for parent in list(layers.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is torch.nn.Linear and child.weight.dtype == torch.bfloat16:
+            if type(child) is not torch.nn.Linear:
+                continue
+            if kernel.bf16 and child.weight.dtype == torch.bfloat16:
                 setattr(parent, name, DecodeLinear(PackedLinear(child), child.weight, kernel, rows))
+                swapped += 1
+            elif kernel.blocks and (blocks := find_blocks(child.weight)) is not None:
+                setattr(parent, name, BlockDecodeLinear(child, blocks, kernel, rows))
                 swapped += 1
     if swapped == 0:
         return None

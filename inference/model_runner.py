@@ -11,6 +11,7 @@ import torch
 from inference.cpu_attention import CpuPagedAttention, RowLayout
 from inference.cpu_linear import can_pack, pack_linears
 from inference.decode_linear import DecodeKernel, use_decode_kernel
+from inference.exact_blocks import BlockWeight, find_blocks
 from inference.fused_forward import can_run_fused, fused_forward
 from inference.fused_ops import FusedOps, fuse_decoder_layers
 from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
@@ -57,15 +58,18 @@ class ModelRunner:
         self.lm_weight = _lm_head_weight(model)
         # Before packing: the fused q/k/v and gate/up projections are packed like the others.
         fuse_decoder_layers(model, fused_ops)
-        # Decode rows through our kernel: only with the CPU attention kernel (rows in any order)
-        # and where oneDNN packs the prompt rows' linears.
+        # Decode rows through our kernel: only with the CPU attention kernel (rows in any order),
+        # and for bf16 models where oneDNN packs the prompt rows' linears or float32 ones (on AVX2).
         self.decode_rows = None
-        self.lm_decode_weight: torch.Tensor | None = None
-        if decode_kernel is not None and cpu_kernel is not None and can_pack(model) and self.lm_weight is not None:
+        # The LM head's weight as the decode kernel reads it; None: decode rows' logits as prompt rows'.
+        self.lm_decode_weight: torch.Tensor | BlockWeight | None = None
+        if _decode_kernel_applies(model, decode_kernel) and cpu_kernel is not None and self.lm_weight is not None:
             self.decode_rows = use_decode_kernel(model, decode_kernel)
         if self.decode_rows is not None:
             if not hasattr(model, "kvgate_lm_decode_weight"):
-                model.kvgate_lm_decode_weight = decode_kernel.pack(self.lm_weight)
+                model.kvgate_lm_decode_weight = (
+                    decode_kernel.pack(self.lm_weight) if can_pack(model) else find_blocks(self.lm_weight)
+                )
             self.lm_decode_weight = model.kvgate_lm_decode_weight
         self.decode_kernel = decode_kernel if self.decode_rows is not None else None
         packed = pack_linears(model) > 0 or getattr(model, "kvgate_packed", False)
@@ -151,8 +155,13 @@ class ModelRunner:
 
     def _decode_logits(self, rows: torch.Tensor) -> torch.Tensor:
         """float32 logits of decode rows from the decode kernel: float32 sums, never rounded
-        to bf16, so no near-tie is decided by rounding and nothing needs rescoring."""
+        to bf16, so no near-tie is decided by rounding and nothing needs rescoring. (A float32
+        LM head whose weight is not exact blocks computes them as prompt rows' are.)"""
         bias = getattr(self.model.lm_head, "bias", None)
+        if self.lm_decode_weight is None:
+            return self._logits(rows)
+        if isinstance(self.lm_decode_weight, BlockWeight):
+            return self.decode_kernel.blocks_linear(rows.contiguous(), self.lm_decode_weight, bias)
         return self.decode_kernel.linear(
             rows.contiguous(), self.lm_decode_weight, self.lm_weight.shape[0], bias, out_dtype=torch.float32
         )
@@ -175,6 +184,15 @@ class ModelRunner:
         if bias is not None:
             exact += bias[top].float()
         return logits.scatter_(1, top, exact)
+
+
+def _decode_kernel_applies(model: torch.nn.Module, kernel: DecodeKernel | None) -> bool:
+    """bf16 models that oneDNN packs, on avx512_bf16; float32 CPU models (of exact blocks, if any), on AVX2."""
+    if kernel is None:
+        return False
+    param = next(model.parameters())
+    float32 = param.device.type == "cpu" and param.dtype == torch.float32
+    return (kernel.bf16 and can_pack(model)) or (kernel.blocks and float32)
 
 
 def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:

@@ -38,3 +38,10 @@ def smollm2_dir() -> Path:
 
     path, _ = resolve_model_dir(EngineSettings())
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_q4_1_dir() -> Path:
+    from tests.model_fixtures import build_tiny_quantized_llama
+
+    return build_tiny_quantized_llama()

@@ -76,3 +76,50 @@ def build_tiny_model(kind: str) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def quantize_q4_1(weight: torch.Tensor) -> torch.Tensor:
+    """float32 [N, K] -> the float32 weights a GGUF loader gets back from its Q4_1 blocks
+    (ggml's quantize_row_q4_1_ref, then d * q + m in float32)."""
+    blocks = weight.float().reshape(weight.shape[0], -1, 32)
+    lo, hi = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)
+    d = (hi - lo) / 15
+    inv = torch.where(d > 0, 1 / d, 0)
+    q = ((blocks - lo) * inv + 0.5).floor().clamp(max=15)
+    return (d.half().float() * q + lo.half().float()).reshape(weight.shape)
+
+
+def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """float32 [N, K] -> the float32 weights a GGUF loader gets back from its Q8_0 blocks."""
+    blocks = weight.float().reshape(weight.shape[0], -1, 32)
+    d = blocks.abs().amax(-1, keepdim=True) / 127
+    q = torch.where(d > 0, blocks / d, 0).round()
+    return (d.half().float() * q).reshape(weight.shape)
+
+
+def build_tiny_quantized_llama() -> Path:
+    """The tiny llama with its decoder linears as Q4_1 and its LM head as Q8_0 weights (float32),
+    as a GGUF model loads: what the decode kernel's exact blocks serve."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    source = build_tiny_model("llama")
+    out = test_models_root() / f"tiny-llama-q4_1-{TINY_VERSION}"
+    with open(test_models_root() / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / "config.json").exists():
+            return out
+        model = LlamaForCausalLM.from_pretrained(source, torch_dtype=torch.float32)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for linear in (*layer.self_attn.children(), *layer.mlp.children()):
+                    if isinstance(linear, torch.nn.Linear):
+                        linear.weight.copy_(quantize_q4_1(linear.weight))
+            model.lm_head.weight.copy_(quantize_q8_0(model.lm_head.weight))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        try:
+            model.save_pretrained(tmp)
+            AutoTokenizer.from_pretrained(source).save_pretrained(tmp)
+            os.rename(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out

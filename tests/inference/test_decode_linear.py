@@ -18,12 +18,15 @@ from inference.types import CacheSpec, SamplingParams
 from tests.inference.helpers import checked, random_prompt
 
 KERNEL = DecodeKernel.load(EngineSettings().cache_dir)
-AVX512_BF16 = "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-needs_kernel = pytest.mark.skipif(KERNEL is None, reason="the decode kernel needs avx512_bf16")
+CPU_FLAGS = Path("/proc/cpuinfo").read_text()
+AVX512_BF16 = "avx512_bf16" in CPU_FLAGS
+needs_kernel = pytest.mark.skipif(KERNEL is None or not KERNEL.bf16, reason="the bf16 decode kernel needs avx512_bf16")
 
 
-def test_the_kernel_is_there_exactly_where_the_cpu_has_avx512_bf16():
-    assert (KERNEL is not None) == AVX512_BF16
+def test_the_bf16_kernel_is_there_exactly_where_the_cpu_has_avx512_bf16():
+    assert (KERNEL is not None and KERNEL.bf16) == AVX512_BF16
+    # The exact-blocks kernel (test_exact_blocks.py) needs AVX2 and FMA only.
+    assert (KERNEL is not None and KERNEL.blocks) == (" avx2" in CPU_FLAGS and " fma" in CPU_FLAGS)
 
 
 def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
