@@ -77,6 +77,12 @@ def can_pack(model: torch.nn.Module) -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def is_cpu_float32(model: torch.nn.Module) -> bool:
+    """True for a float32 model on the CPU."""
+    param = next(model.parameters())
+    return param.device.type == "cpu" and param.dtype == torch.float32
+
+
 def pack_linears(model: torch.nn.Module) -> int:
     """Swap every nn.Linear of a bf16 CPU model for a PackedLinear; returns how many were swapped."""
     if not can_pack(model):

@@ -35,10 +35,14 @@ from inference.native import load_library
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 # How long a kernel thread spins after a call, within a forward pass, before it sleeps
-# (between passes it sleeps at once). KVGATE_DECODE_SPIN_US overrides it. Measured with
-# bench/decode_ab.py on the shared 2-core machine (load 6-10): 100-200 us of spinning
-# halved decode speed against sleeping at once (0), so by default workers never spin.
-DEFAULT_SPIN_US = 0
+# (between passes it sleeps at once), per weight format. KVGATE_DECODE_SPIN_US overrides
+# both. Measured with bench/decode_ab.py:
+#   - bf16, on the shared 2-core Zen4 machine (load 6-10): 100-200 us of spinning halved
+#     decode speed against sleeping at once (0), so there workers never spin;
+#   - exact blocks, on a 2-core Zen3 (AVX2): spinning 300 us (and yielding while it spins)
+#     let every call of 15 us or more split between both cores, 1.18x decode speed at 1
+#     stream and 1.11x at 8 idle, 0.93x and 0.94x beside a busy loop.
+DEFAULT_SPIN_US = {"bf16": 0, "blocks": 300}
 
 
 class DecodeKernel:
@@ -62,7 +66,9 @@ class DecodeKernel:
         lib.kvgate_decode_blocks_unpack.argtypes = [_PTR, _INT, _I64, _I64, _PTR]
         lib.kvgate_decode_blocks_unpack.restype = None
         self.lib = lib
-        self.spin_ns = 1000 * int(os.environ.get("KVGATE_DECODE_SPIN_US", DEFAULT_SPIN_US))
+        self.spin_ns = {
+            fmt: 1000 * int(os.environ.get("KVGATE_DECODE_SPIN_US", us)) for fmt, us in DEFAULT_SPIN_US.items()
+        }
 
     @classmethod
     def load(cls, cache_dir: Path) -> DecodeKernel | None:
@@ -72,9 +78,10 @@ class DecodeKernel:
             return None
         return cls(lib)
 
-    def begin_pass(self) -> None:
-        """The kernel's threads may spin between calls from now on (a forward pass is running)."""
-        self.lib.kvgate_decode_linear_set_spin(self.spin_ns)
+    def begin_pass(self, fmt: str) -> None:
+        """The kernel's threads may spin between calls from now on (a forward pass over weights
+        of format "bf16" or "blocks" is running)."""
+        self.lib.kvgate_decode_linear_set_spin(self.spin_ns[fmt])
 
     def end_pass(self) -> None:
         """The pass is over: the kernel's threads sleep until the next call."""

@@ -17,7 +17,7 @@ from inference.cpu_attention import CpuPagedAttention
 from inference.cpu_threads import default_num_threads
 from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
-from inference.fused_ops import FusedOps
+from inference.fused_ops import FUSED_OPS_VERSION, FusedOps
 from inference.hashing import BlockHasher
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
 from inference.kv_event_log import KVEventLog, Probe
@@ -196,7 +196,7 @@ class Engine:
         """What a shared KV tier keys blocks by; "" without one (it costs a read of the weights)."""
         if not settings.kv_redis_url:
             return ""
-        compute = f"attn={'cpu_kernel' if kernel is not None else 'torch'},fused={int(fused is not None)}"
+        compute = f"attn={'cpu_kernel' if kernel is not None else 'torch'},fused={FUSED_OPS_VERSION if fused else 0}"
         return model_fingerprint(self.loaded.path, dtype=self.loaded.dtype, device=self.loaded.device, compute=compute)
 
     def close(self) -> None:

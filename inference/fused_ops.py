@@ -1,13 +1,13 @@
-"""Fused decoder-layer ops for bf16 models on CPU (csrc/fused_ops.c), swapped into a loaded model.
+"""Fused decoder-layer ops for bf16 and float32 models on CPU (csrc/fused_ops.c), swapped into a loaded model.
 
 A transformers decoder layer runs RMSNorm as seven torch ops with float32 temporaries,
 rotary embeddings as ten, and the MLP's SiLU(gate) * up as two, each a pass over
 memory; at 1k-token prefills they took about a third of the time the matmuls did.
 `fuse_decoder_layers` replaces, in each layer of a llama-style model:
   - the norms by FusedRMSNorm (one C pass per row);
-  - q/k/v by one projection (one matmul of their concatenated weights: oneDNN gives
-    every output bit-identical to the separate matmuls, and fewer, wider calls are
-    faster), then rotary embeddings of q and k in one C pass, then paged attention;
+  - q/k/v by one projection (one matmul of their concatenated weights: fewer, wider
+    calls are faster; in bf16 oneDNN gives every output bit-identical to the separate
+    matmuls), then rotary embeddings of q and k in one C pass, then paged attention;
   - gate/up by one projection, then SiLU(gate) * up in one C pass.
 Every fused op computes each row from that row alone, so outputs stay independent of
 batching and chunking, which the engine's exactness rests on.
@@ -20,34 +20,37 @@ from pathlib import Path
 
 import torch
 
-from inference.cpu_linear import can_pack
+from inference.cpu_linear import can_pack, is_cpu_float32
 from inference.native import load_library
 from inference.paged_attention import AttentionBatch, paged_attention
 
 FUSABLE_MODEL_TYPES = ("llama", "qwen2", "mistral")
 _I64, _PTR, _F32, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float, ctypes.c_int
+SUFFIXES = {torch.bfloat16: "bf16", torch.float32: "f32"}  # the element types of csrc/fused_ops.c
+# In shared KV tiers' model fingerprints: bumped when what the fused ops compute changes, so no
+# engine reads KV another version computed. 2: float32 models are fused too.
+FUSED_OPS_VERSION = 2
 
 
 class FusedOps:
-    """The C functions, on bf16 tensors whose last dimension has unit stride."""
+    """The C functions, on bf16 or float32 tensors whose last dimension has unit stride."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        lib.kvgate_rmsnorm_bf16.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT]
-        lib.kvgate_silu_mul_bf16.argtypes = [_PTR, _I64, _PTR, _I64, _I64, _INT]
-        lib.kvgate_rotary_bf16.argtypes = [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT]
-        lib.kvgate_add_rmsnorm_bf16.argtypes = [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT]
-        for fn in (
-            lib.kvgate_rmsnorm_bf16,
-            lib.kvgate_silu_mul_bf16,
-            lib.kvgate_rotary_bf16,
-            lib.kvgate_add_rmsnorm_bf16,
-            lib.kvgate_rotary_to_pool_bf16,
-        ):
-            fn.restype = None
-        lib.kvgate_rotary_to_pool_bf16.argtypes = [
-            _PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _I64, _I64, _INT,
-        ]  # fmt: skip
+        argtypes = {
+            "rmsnorm": [_PTR, _I64, _PTR, _PTR, _I64, _I64, _F32, _INT],
+            "silu_mul": [_PTR, _I64, _PTR, _I64, _I64, _INT],
+            "rotary": [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _I64, _I64, _I64, _I64, _INT],
+            "add_rmsnorm": [_PTR, _PTR, _PTR, _PTR, _PTR, _I64, _I64, _F32, _INT],
+            "rotary_to_pool": [_PTR, _I64, _PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, *[_I64] * 5, _INT],
+        }
+        for suffix in SUFFIXES.values():
+            for name, types in argtypes.items():
+                fn = getattr(lib, f"kvgate_{name}_{suffix}")
+                fn.argtypes, fn.restype = types, None
         self.lib = lib
+
+    def _fn(self, name: str, dtype: torch.dtype) -> ctypes._CFuncPtr:
+        return getattr(self.lib, f"kvgate_{name}_{SUFFIXES[dtype]}")
 
     @classmethod
     def load(cls, cache_dir: Path) -> FusedOps | None:
@@ -59,7 +62,8 @@ class FusedOps:
         rows = _rows(x)
         out = torch.empty(x.shape, dtype=x.dtype)
         weight = weight.contiguous()
-        self.lib.kvgate_rmsnorm_bf16(
+        assert weight.dtype == x.dtype
+        self._fn("rmsnorm", x.dtype)(
             rows.data_ptr(), rows.stride(0), weight.data_ptr(), out.data_ptr(), rows.shape[0], rows.shape[1],
             eps, torch.get_num_threads(),
         )  # fmt: skip
@@ -71,9 +75,10 @@ class FusedOps:
         """(hidden + delta, rmsnorm(hidden + delta)) for [T, C] rows: a residual add and the next
         norm in one pass, bit-identical to the torch add then rmsnorm."""
         assert hidden.is_contiguous() and delta.is_contiguous() and hidden.shape == delta.shape
+        assert hidden.dtype == delta.dtype == weight.dtype in SUFFIXES
         total, out = torch.empty_like(hidden), torch.empty_like(hidden)
         T, C = hidden.shape
-        self.lib.kvgate_add_rmsnorm_bf16(
+        self._fn("add_rmsnorm", hidden.dtype)(
             hidden.data_ptr(), delta.data_ptr(), weight.contiguous().data_ptr(), total.data_ptr(), out.data_ptr(),
             T, C, eps, torch.get_num_threads(),
         )  # fmt: skip
@@ -84,7 +89,7 @@ class FusedOps:
         rows = _rows(gate_up)
         n = rows.shape[1] // 2
         out = torch.empty(*gate_up.shape[:-1], n, dtype=gate_up.dtype)
-        self.lib.kvgate_silu_mul_bf16(
+        self._fn("silu_mul", gate_up.dtype)(
             rows.data_ptr(), rows.stride(0), out.data_ptr(), rows.shape[0], n, torch.get_num_threads()
         )
         return out
@@ -95,9 +100,10 @@ class FusedOps:
         """qkv [T, (heads + 2 kv_heads) * head_dim], cos/sin [T, head_dim] -> rotated q [T, H, D], k [T, KVH, D]."""
         T = qkv.shape[0]
         assert qkv.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
+        assert qkv.dtype == cos.dtype == sin.dtype in SUFFIXES
         q = torch.empty(T, heads, head_dim, dtype=qkv.dtype)
         k = torch.empty(T, kv_heads, head_dim, dtype=qkv.dtype)
-        self.lib.kvgate_rotary_bf16(
+        self._fn("rotary", qkv.dtype)(
             qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.data_ptr(), k.data_ptr(),
             T, heads, kv_heads, head_dim, torch.get_num_threads(),
         )  # fmt: skip
@@ -120,9 +126,10 @@ class FusedOps:
         T = qkv.shape[0]
         assert qkv.stride(1) == 1 and cos.stride(1) == 1 and cos.stride() == sin.stride()
         assert k_pool.is_contiguous() and v_pool.is_contiguous() and slots.dtype == torch.long
-        assert k_pool.dtype == v_pool.dtype == qkv.dtype and slots.shape[0] <= T
+        assert k_pool.dtype == v_pool.dtype == qkv.dtype == cos.dtype == sin.dtype in SUFFIXES
+        assert slots.shape[0] <= T
         q = torch.empty(T, heads, head_dim, dtype=qkv.dtype)
-        self.lib.kvgate_rotary_to_pool_bf16(
+        self._fn("rotary_to_pool", qkv.dtype)(
             qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin.data_ptr(), cos.stride(0), q.data_ptr(),
             k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), slots.shape[0], T, heads, kv_heads, head_dim,
             torch.get_num_threads(),
@@ -131,7 +138,7 @@ class FusedOps:
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
-    assert x.dtype == torch.bfloat16 and x.device.type == "cpu"
+    assert x.dtype in SUFFIXES and x.device.type == "cpu"
     rows = x.reshape(-1, x.shape[-1])
     return rows if rows.stride(1) == 1 else rows.contiguous()
 
@@ -229,7 +236,7 @@ def _fusable(model: torch.nn.Module) -> bool:
     config = model.config
     return (
         config.model_type in FUSABLE_MODEL_TYPES
-        and can_pack(model)
+        and (can_pack(model) or is_cpu_float32(model))
         and getattr(config, "hidden_act", None) in ("silu", "swish")
         and hasattr(model, "model")
         and hasattr(model.model, "layers")
@@ -240,8 +247,10 @@ def fuse_decoder_layers(model: torch.nn.Module, ops: FusedOps | None) -> int:
     """Swap in the fused modules (once per model; a second call finds them); returns how many were swapped.
 
     Only for a bf16 CPU model whose linears oneDNN packs (where the concatenated q/k/v and
-    gate/up matmuls are bit-identical to the separate ones), and only where every module of
-    a kind agrees on biases.
+    gate/up matmuls are bit-identical to the separate ones) or a float32 CPU model (where
+    they may differ from the separate ones in the last bits, as any other matmul order
+    would: every row is still computed the same way in every pass), and only where every
+    module of a kind agrees on biases.
     """
     if ops is None or not _fusable(model):
         return 0

@@ -29,7 +29,7 @@ _READ_CHUNK = 16 * 2**20
 def model_fingerprint(path: Path, *, dtype: torch.dtype, device: torch.device, compute: str) -> str:
     """Hex digest of the checkpoint at path as this engine runs it.
 
-    compute names what else decides the numbers (e.g. "attn=cpu_kernel,fused=1"): engines
+    compute names what else decides the numbers (e.g. "attn=cpu_kernel,fused=2"): engines
     that differ there compute different KV from the same weights.
     """
     digest = xxhash.xxh3_128()

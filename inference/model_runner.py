@@ -9,7 +9,7 @@ from typing import NamedTuple
 import torch
 
 from inference.cpu_attention import CpuPagedAttention, RowLayout
-from inference.cpu_linear import can_pack, pack_linears
+from inference.cpu_linear import can_pack, is_cpu_float32, pack_linears
 from inference.decode_linear import DecodeKernel, use_decode_kernel
 from inference.exact_blocks import BlockWeight, find_blocks
 from inference.fused_forward import can_run_fused, fused_forward
@@ -72,6 +72,7 @@ class ModelRunner:
                 )
             self.lm_decode_weight = model.kvgate_lm_decode_weight
         self.decode_kernel = decode_kernel if self.decode_rows is not None else None
+        self.decode_format = "blocks" if is_cpu_float32(model) else "bf16"
         packed = pack_linears(model) > 0 or getattr(model, "kvgate_packed", False)
         model.kvgate_packed = packed  # a second runner over the same model finds nothing left to pack
         # Single-row passes padded once per pass, for packed linears under the CPU kernel (whose
@@ -85,7 +86,7 @@ class ModelRunner:
         """Compute the chunks' KV into the pool; return float32 logits for the chunks that sample."""
         if self.decode_kernel is None:
             return self._execute(chunks)
-        self.decode_kernel.begin_pass()
+        self.decode_kernel.begin_pass(self.decode_format)
         try:
             return self._execute(chunks)
         finally:
@@ -190,9 +191,7 @@ def _decode_kernel_applies(model: torch.nn.Module, kernel: DecodeKernel | None) 
     """bf16 models that oneDNN packs, on avx512_bf16; float32 CPU models (of exact blocks, if any), on AVX2."""
     if kernel is None:
         return False
-    param = next(model.parameters())
-    float32 = param.device.type == "cpu" and param.dtype == torch.float32
-    return (kernel.bf16 and can_pack(model)) or (kernel.blocks and float32)
+    return (kernel.bf16 and can_pack(model)) or (kernel.blocks and is_cpu_float32(model))
 
 
 def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:

@@ -73,6 +73,7 @@ int kvgate_decode_linear_available(void) {
 #include <immintrin.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -302,8 +303,11 @@ static void *worker_main(void *arg) {
         while (atomic_load(&pool.wake) == seen) {
             _mm_pause();
             /* spin_ns is re-read: the caller sets it to 0 at the end of a pass, and the worker
-               then sleeps at once rather than spinning out its time between passes. */
-            if (++spins % 64 == 0 && now_ns() - since >= atomic_load(&pool.spin_ns)) {
+               then sleeps at once rather than spinning out its time between passes. Spinning
+               yields now and then: on a core another process keeps busy, that one runs. */
+            if (++spins % 64 != 0) continue;
+            sched_yield();
+            if (now_ns() - since >= atomic_load(&pool.spin_ns)) {
                 atomic_fetch_add(&pool.sleepers, 1);
                 if (atomic_load(&pool.wake) == seen)
                     syscall(SYS_futex, &pool.wake, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
@@ -383,8 +387,10 @@ void kvgate_decode_blocks_linear(const float *x, int64_t x_stride, int64_t M, in
     if (M <= 0 || N <= 0) return;
     const Job job = {format, x, x_stride, M, K, N, packed, bias, out, out_stride, 1, 0, 0};
     /* A sleeping worker wakes tens of microseconds late, and the caller then waits for the
-       chunk it claimed: worth it only for calls of more than about 0.5 ms of work. */
-    if (M * N * (K / QBLOCK) < (int64_t)1 << 17) threads = 1;
+       chunk it claimed: worth it only for calls of more than about 0.5 ms of work. A spinning
+       one starts at once: worth it from about 15 us of work. */
+    const int64_t least = atomic_load(&pool.spin_ns) > 0 ? 4096 : (int64_t)1 << 17;
+    if (M * N * (K / QBLOCK) < least) threads = 1;
     run_job(chunked(job, N, K / QBLOCK * block_bytes(format)), threads);
 #else
     (void)x, (void)x_stride, (void)M, (void)K, (void)packed, (void)format, (void)N, (void)bias, (void)out;

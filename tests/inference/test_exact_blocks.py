@@ -106,7 +106,7 @@ def test_the_engine_serves_decode_rows_of_a_quantized_float32_model_from_its_blo
     layers = engine.runner.model.model.layers
     assert engine.runner.decode_rows is not None
     assert all(isinstance(layer.mlp.down_proj, BlockDecodeLinear) for layer in layers)
-    assert all(isinstance(layer.self_attn.q_proj, BlockDecodeLinear) for layer in layers)
+    assert all(isinstance(layer.self_attn.qkv_proj, BlockDecodeLinear) for layer in layers)
     head = engine.runner.lm_decode_weight
     assert isinstance(head, BlockWeight) and head.format == Q8_0
     # Told not to, or a float32 model whose weights are not blocks: every row on the float32 path.

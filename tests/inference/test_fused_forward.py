@@ -11,10 +11,12 @@ from inference.model_runner import Chunk
 from tests.inference.helpers import random_prompt
 
 
-def test_fused_forward_equals_the_transformers_forward_bit_for_bit(make_engine, tiny_llama_dir):
-    engine = make_engine(tiny_llama_dir, dtype="bfloat16")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fused_forward_equals_the_transformers_forward_bit_for_bit(make_engine, tiny_llama_dir, dtype):
+    engine = make_engine(tiny_llama_dir, dtype=dtype)
     runner = engine.runner
     if not runner.fused_forward:
+        assert dtype == "bfloat16", "float32 models are fused wherever the C library builds"
         pytest.skip("nothing is fused on this CPU (oneDNN has no bf16 path)")
     rng = random.Random(5)
     bs = engine.kv_tensors.block_size

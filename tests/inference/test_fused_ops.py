@@ -28,14 +28,18 @@ def ops() -> FusedOps:
     return ops
 
 
-def bf16(*shape: int, scale: float = 1.0, seed: int = 0) -> torch.Tensor:
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(torch.bfloat16)
+def bf16(*shape: int, scale: float = 1.0, seed: int = 0, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(dtype)
 
 
-def test_rotary_is_bit_identical_to_transformers(ops):
+DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+
+
+@DTYPES
+def test_rotary_is_bit_identical_to_transformers(ops, dtype):
     T, H, KVH, D = 300, 9, 3, 64
-    qkv = bf16(T, (H + 2 * KVH) * D)
-    cos, sin = bf16(T, D, seed=1), bf16(T, D, seed=2)
+    qkv = bf16(T, (H + 2 * KVH) * D, dtype=dtype)
+    cos, sin = bf16(T, D, seed=1, dtype=dtype), bf16(T, D, seed=2, dtype=dtype)
     q, k = ops.rotary(qkv, cos, sin, H, KVH, D)
     q_ref = qkv[:, : H * D].view(1, T, H, D).transpose(1, 2)
     k_ref = qkv[:, H * D : (H + KVH) * D].view(1, T, KVH, D).transpose(1, 2)
@@ -46,10 +50,12 @@ def test_rotary_is_bit_identical_to_transformers(ops):
     assert not torch.equal(swapped, q)
 
 
-def test_rotary_to_pool_writes_what_rotary_and_index_copy_would(ops):
+@DTYPES
+def test_rotary_to_pool_writes_what_rotary_and_index_copy_would(ops, dtype):
     T, H, KVH, D = 6, 9, 3, 64
-    qkv, cos, sin = bf16(T, (H + 2 * KVH) * D, seed=1), bf16(T, D, seed=2), bf16(T, D, seed=3)
-    k_pool, v_pool = torch.zeros(40, KVH, D, dtype=torch.bfloat16), torch.zeros(40, KVH, D, dtype=torch.bfloat16)
+    qkv = bf16(T, (H + 2 * KVH) * D, seed=1, dtype=dtype)
+    cos, sin = bf16(T, D, seed=2, dtype=dtype), bf16(T, D, seed=3, dtype=dtype)
+    k_pool, v_pool = torch.zeros(40, KVH, D, dtype=dtype), torch.zeros(40, KVH, D, dtype=dtype)
     slots = torch.tensor([3, 17, 9, 30, 31], dtype=torch.long)  # 5 of 6 rows write: a padded pass
     q = ops.rotary_to_pool(qkv, cos, sin, (H, KVH, D), k_pool, v_pool, slots)
     q_ref, k_ref = ops.rotary(qkv, cos, sin, H, KVH, D)
@@ -63,27 +69,32 @@ def test_rotary_to_pool_writes_what_rotary_and_index_copy_would(ops):
     assert k_pool[slots].abs().sum() > 0
 
 
+@DTYPES
 @pytest.mark.parametrize("width", [576, 40])
-def test_rmsnorm_matches_transformers_and_rows_are_independent(ops, width):
-    x = bf16(1, 200, width, scale=3.0)
-    norm = LlamaRMSNorm(width, eps=1e-5).to(torch.bfloat16)
+def test_rmsnorm_matches_transformers_and_rows_are_independent(ops, width, dtype):
+    x = bf16(1, 200, width, scale=3.0, dtype=dtype)
+    norm = LlamaRMSNorm(width, eps=1e-5).to(dtype)
     with torch.no_grad():
-        norm.weight.copy_(bf16(width, seed=3))
+        norm.weight.copy_(bf16(width, seed=3, dtype=dtype))
     out = FusedRMSNorm(norm, ops)(x)
     expected = norm(x)
-    torch.testing.assert_close(out, expected, atol=0, rtol=2**-7)  # at most one bf16 step apart
-    assert (out == expected).float().mean() > 0.99
+    if dtype == torch.bfloat16:
+        torch.testing.assert_close(out, expected, atol=0, rtol=2**-7)  # at most one bf16 step apart
+        assert (out == expected).float().mean() > 0.99
+    else:  # float32: the sum of squares in another order
+        torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
     assert torch.equal(ops.rmsnorm(x[:, 17:18], norm.weight, 1e-5), out[:, 17:18])
     assert torch.equal(ops.rmsnorm(x[:, 5:150], norm.weight, 1e-5), out[:, 5:150])
     assert not torch.equal(ops.rmsnorm(x, norm.weight, 1.0), out)
 
 
+@DTYPES
 @pytest.mark.parametrize("width", [1536, 17])
-def test_silu_mul_matches_torch_and_rows_are_independent(ops, width):
-    gu = bf16(1, 100, 2 * width, scale=4.0)
+def test_silu_mul_matches_torch_and_rows_are_independent(ops, width, dtype):
+    gu = bf16(1, 100, 2 * width, scale=4.0, dtype=dtype)
     out = ops.silu_mul(gu)
     expected = F.silu(gu[..., :width]) * gu[..., width:]
-    torch.testing.assert_close(out, expected, atol=1e-6, rtol=2**-7)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=2**-7 if dtype == torch.bfloat16 else 1e-6)
     assert torch.equal(ops.silu_mul(gu[:, 9:10]), out[:, 9:10])
     assert not torch.equal(ops.silu_mul(gu.flip(-1)), out)
 
@@ -119,10 +130,27 @@ def test_fusing_concatenates_projections_bit_identically_and_only_once(ops, tiny
         torch.testing.assert_close(layer.mlp(x), reference_mlp, atol=1e-3, rtol=2**-6)
 
 
-def test_a_float32_model_is_left_alone(ops, tiny_llama_dir):
+def test_a_float32_model_is_fused_and_a_float16_one_left_alone(ops, tiny_llama_dir):
     model = load_model(EngineSettings(model=str(tiny_llama_dir), dtype="float32")).model
-    assert fuse_decoder_layers(model, ops) == 0
     assert fuse_decoder_layers(model, None) == 0
+    assert fuse_decoder_layers(model, ops) == 4 * model.config.num_hidden_layers + 1
+    half = load_model(EngineSettings(model=str(tiny_llama_dir), dtype="float16")).model
+    assert fuse_decoder_layers(half, ops) == 0
+
+
+def test_a_fused_float32_engine_matches_plain_transformers(make_engine, tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, dtype="float32")
+    assert isinstance(engine.loaded.model.model.layers[0].self_attn, FusedAttention)
+    assert engine.runner.fused_forward
+    prompt = random_prompt(random.Random(3), 150)
+    logits, _ = first_logits(engine, prompt)
+    model = load_model(EngineSettings(model=str(tiny_llama_dir), dtype="float32")).model
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        reference = model(torch.tensor([prompt])).logits[0, -1].float()
+    torch.testing.assert_close(logits, reference, atol=1e-5, rtol=0)
+    other, _ = first_logits(engine, random_prompt(random.Random(4), 150))  # the comparison can fail
+    assert not torch.allclose(other, reference, atol=1e-3, rtol=0)
 
 
 @needs_onednn_bf16

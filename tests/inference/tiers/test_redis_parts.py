@@ -61,7 +61,7 @@ def test_the_fingerprint_is_stable_for_a_model_and_differs_by_weights_dtype_and_
 ):
     cpu = torch.device("cpu")
 
-    def fp(path, dtype=torch.float32, compute="attn=cpu_kernel,fused=1"):
+    def fp(path, dtype=torch.float32, compute="attn=cpu_kernel,fused=2"):
         return model_fingerprint(path, dtype=dtype, device=cpu, compute=compute)
 
     assert fp(tiny_llama_dir) == fp(tiny_llama_dir)
