@@ -42,8 +42,9 @@ class EngineSettings(BaseSettings):
     decode_linear: Literal["auto", "onednn"] = Field(
         "auto",
         description="auto: on CPUs with avx512_bf16 but no AMX, the linears of generated tokens' rows run in "
-        "kvgate's decode kernel (prompt rows in oneDNN); on CPUs with AMX every row runs in kvgate's AMX kernel. "
-        "onednn: no decode kernel, every row on the prompt rows' path (oneDNN, or the AMX kernel).",
+        "kvgate's decode kernel (prompt rows in oneDNN); on CPUs with AMX every row runs in kvgate's AMX kernel; "
+        "on AVX2 CPUs (float32), generated tokens' rows read the exact Q4_1/Q8_0 blocks of a GGUF model's weights. "
+        "onednn: no decode kernel, every row on the prompt rows' path (oneDNN or MKL, or the AMX kernel).",
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
     kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")

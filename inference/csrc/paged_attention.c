@@ -306,6 +306,121 @@ static void tile_avx2(const AttnArgs *a, WorkItem w, Avx2Tile *t) {
 }
 #endif
 
+#ifdef KVGATE_AVX2
+/*
+ * One decode row (a generated token's query) and one KV head, float32 pool, block_size 16,
+ * D a multiple of 8 up to 128: the AVX2 counterpart of tile_decode_row below. tile_avx2 fills
+ * 8 lanes with query vectors, and a lone row has only G of them (3 for SmolLM2), and it copies
+ * every key and value row into the tile first; here key rows are read straight from the pool:
+ * each score sums q * k over D in 8 lanes, then the lanes in a fixed tree (avx2_sums8), the
+ * online softmax runs over a block's 16 scores, and p.v in float32 FMAs over its keys in order.
+ * A row's result depends only on its q, its keys and this order: decode rows always come here
+ * (whatever else is in the call), prompt rows never do.
+ */
+enum { AVX2_DECODE_MAX_D = 128 };
+
+/* r[i] = the sum of t[i]'s 8 lanes, by a fixed tree of pairwise adds. */
+static inline __m256 avx2_sums8(const __m256 *t) {
+    const __m256 a0 = _mm256_hadd_ps(t[0], t[1]), a1 = _mm256_hadd_ps(t[2], t[3]);
+    const __m256 a2 = _mm256_hadd_ps(t[4], t[5]), a3 = _mm256_hadd_ps(t[6], t[7]);
+    const __m256 b0 = _mm256_hadd_ps(a0, a1), b1 = _mm256_hadd_ps(a2, a3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(b0, b1, 0x20), _mm256_permute2f128_ps(b0, b1, 0x31));
+}
+
+static inline float avx2_hmax(__m256 x) {
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+static inline float avx2_hsum(__m256 x) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)));
+}
+
+static inline __attribute__((always_inline)) void tile_decode_row_avx2_d(const AttnArgs *a, int64_t row,
+                                                                           int64_t kvh, const int D) {
+    const int NF = D / 8;
+    const int64_t KVH = a->KVH, G = a->H / a->KVH, stride = KVH * D;
+    const int32_t *table = a->block_tables + (int64_t)a->row_seq[row] * a->table_stride;
+    const int32_t pos = a->row_pos[row];
+    const float *kc = (const float *)a->k_cache, *vc = (const float *)a->v_cache;
+    float acc[DECODE_MAX_G][AVX2_DECODE_MAX_D] __attribute__((aligned(32)));
+    float m[DECODE_MAX_G], l[DECODE_MAX_G];
+    for (int64_t g = 0; g < G; g++) {
+        memset(acc[g], 0, sizeof(float) * (size_t)D);
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const __m256 scale = _mm256_set1_ps(a->scale), neg_inf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t b = 0; b * 16 <= pos; b++) {
+        const int64_t block = table[b];
+        const float *kb = kc + (block * 16 * KVH + kvh) * D, *vb = vc + (block * 16 * KVH + kvh) * D;
+        const int nkeys = (b + 1) * 16 <= pos + 1 ? 16 : (int)(pos + 1 - b * 16);
+        /* Lanes of keys past the row's last one (stale slots of the pool) are masked out. */
+        const __m256 live[2] = {
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nkeys), lane)),
+            _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(nkeys - 8), lane)),
+        };
+        for (int64_t g = 0; g < G; g++) {
+            const float *qr = (const float *)a->q + row * a->q_stride_t + (kvh * G + g) * a->q_stride_h;
+            __m256 S[2];
+            for (int h = 0; h < 2; h++) {
+                __m256 t[8];
+                for (int i = 0; i < 8; i++) {
+                    const float *kr = kb + (8 * h + i) * stride;
+                    t[i] = _mm256_mul_ps(_mm256_loadu_ps(qr), _mm256_loadu_ps(kr));
+                    for (int j = 1; j < NF; j++)
+                        t[i] = _mm256_fmadd_ps(_mm256_loadu_ps(qr + 8 * j), _mm256_loadu_ps(kr + 8 * j), t[i]);
+                }
+                S[h] = _mm256_blendv_ps(neg_inf, _mm256_mul_ps(avx2_sums8(t), scale), live[h]);
+            }
+            const float bmax = avx2_hmax(_mm256_max_ps(S[0], S[1]));
+            const float m_new = m[g] > bmax ? m[g] : bmax;
+            const __m256 mv = _mm256_set1_ps(m_new);
+            const float c = _mm256_cvtss_f32(exp8(_mm256_set1_ps(m[g] - m_new)));
+            float p[16] __attribute__((aligned(32)));
+            __m256 psum = _mm256_setzero_ps();
+            for (int h = 0; h < 2; h++) {
+                const __m256 ph = _mm256_and_ps(exp8(_mm256_sub_ps(S[h], mv)), live[h]);
+                psum = _mm256_add_ps(psum, ph);
+                _mm256_store_ps(p + 8 * h, ph);
+            }
+            l[g] = l[g] * c + avx2_hsum(psum);
+            m[g] = m_new;
+            const __m256 cv = _mm256_set1_ps(c);
+            __m256 o[AVX2_DECODE_MAX_D / 8];
+            for (int j = 0; j < NF; j++) o[j] = _mm256_mul_ps(_mm256_load_ps(acc[g] + 8 * j), cv);
+            for (int i = 0; i < nkeys; i++) {
+                const __m256 pi = _mm256_set1_ps(p[i]);
+                for (int j = 0; j < NF; j++) o[j] = _mm256_fmadd_ps(pi, _mm256_loadu_ps(vb + i * stride + 8 * j), o[j]);
+            }
+            for (int j = 0; j < NF; j++) _mm256_store_ps(acc[g] + 8 * j, o[j]);
+        }
+    }
+    for (int64_t g = 0; g < G; g++) {
+        float *o = (float *)a->out + (row * a->H + kvh * G + g) * D;
+        const __m256 inv = _mm256_set1_ps(1.0f / l[g]);
+        for (int j = 0; j < NF; j++) _mm256_storeu_ps(o + 8 * j, _mm256_mul_ps(_mm256_load_ps(acc[g] + 8 * j), inv));
+    }
+}
+
+static void tile_decode_row_avx2(const AttnArgs *a, int64_t row, int64_t kvh) {
+    if (a->D == 64)
+        tile_decode_row_avx2_d(a, row, kvh, 64);
+    else
+        tile_decode_row_avx2_d(a, row, kvh, (int)a->D);
+}
+
+/* Whether decode rows take tile_decode_row_avx2 in this call. */
+static int avx2_decode_rows(const AttnArgs *a) {
+    return !a->is_bf16 && a->block_size == 16 && a->D % 8 == 0 && a->D <= AVX2_DECODE_MAX_D &&
+           a->H / a->KVH <= DECODE_MAX_G;
+}
+#endif
+
 int kvgate_uses_avx2(const AttnArgs *a) {
 #ifdef KVGATE_AVX2
     return a->D % 8 == 0 && a->block_size <= AVX2_BS && a->H / a->KVH <= AVX2_TILE_VECS;
@@ -853,7 +968,12 @@ int kvgate_paged_attention(const AttnArgs *a) {
     const int64_t tile_rows = fast ? FAST_TILE_VECS / G : avx2 ? AVX2_TILE_VECS / G : TILE_ROWS;
     /* Decode rows (the leading num_decode) get one item per row and KV head (r1 = -1 marks them). */
     /* With AMX every row takes the tiles (faster for decode rows too, 8 rows at 300 keys: 98 vs 114 us). */
-    const int64_t num_decode = !amx && fast && G <= DECODE_MAX_G ? (a->num_decode < a->T ? a->num_decode : a->T) : 0;
+#ifdef KVGATE_AVX2
+    const int decode_rows = avx2_decode_rows(a);
+#else
+    const int decode_rows = !amx && fast && G <= DECODE_MAX_G;
+#endif
+    const int64_t num_decode = decode_rows ? (a->num_decode < a->T ? a->num_decode : a->T) : 0;
     int64_t n = 0, r0 = num_decode, keys = 0;
     for (int64_t r = 0; r < num_decode; r++)
         for (int64_t h = 0; h < a->KVH; h++) items[n++] = (WorkItem){r, -1, h};
@@ -914,6 +1034,10 @@ int kvgate_paged_attention(const AttnArgs *a) {
                 }
 #endif
 #ifdef KVGATE_AVX2
+                if (items[i].r1 < 0) {
+                    tile_decode_row_avx2(a, items[i].r0, items[i].kvh);
+                    continue;
+                }
                 if (avx2) {
                     tile_avx2(a, items[i], ft);
                     continue;

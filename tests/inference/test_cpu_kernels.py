@@ -96,21 +96,27 @@ def run_decode(kernel, k, v, table, rows, q_rows, num_decode, scale=0.125):
     return kernel(torch.stack(q_rows), k, v, layout, scale)
 
 
+# Decode rows take tile_decode_row on avx512_bf16 (bf16 pools) and tile_decode_row_avx2 on AVX2 (float32 pools).
+DECODE_DTYPES = pytest.mark.parametrize(("dtype", "tol"), [(torch.bfloat16, 2e-2), (torch.float32, 2e-6)])
+
+
+@DECODE_DTYPES
 @pytest.mark.parametrize(("head_dim", "heads", "kv_heads"), [(64, 9, 3), (128, 8, 8), (64, 32, 2), (16, 4, 2)])
-def test_decode_rows_match_float32_sdpa(kernel, head_dim, heads, kv_heads):
+def test_decode_rows_match_float32_sdpa(kernel, head_dim, heads, kv_heads, dtype, tol):
     lengths = [1, 16, 17, 40, 300]
-    k, v, table, q = make_case(torch.bfloat16, head_dim, heads, kv_heads, lengths, seed=3)
+    k, v, table, q = make_case(dtype, head_dim, heads, kv_heads, lengths, seed=3)
     rows = [(s, n - 1) for s, n in enumerate(lengths)]  # each sequence's last position: a decode row
     q_rows = [q[s][n - 1] for s, n in enumerate(lengths)]
     out = run_decode(kernel, k, v, table, rows, q_rows, num_decode=len(rows), scale=head_dim**-0.5)
     expected = torch.stack([reference(k, v, table[s], q[s], n)[-1] for s, n in enumerate(lengths)])
-    assert (out.float() - expected).abs().max().item() < 2e-2
+    assert (out.float() - expected).abs().max().item() < tol
     wrong = run_decode(kernel, k, v, table, rows, q_rows, num_decode=len(rows), scale=2 * head_dim**-0.5)
     assert (wrong.float() - expected).abs().max().item() > 0.2
 
 
-def test_a_decode_row_does_not_depend_on_the_rows_beside_it(kernel):
-    k, v, table, q = make_case(torch.bfloat16, 64, 9, 3, [300, 50, 120], seed=4)
+@DECODE_DTYPES
+def test_a_decode_row_does_not_depend_on_the_rows_beside_it(kernel, dtype, tol):
+    k, v, table, q = make_case(dtype, 64, 9, 3, [300, 50, 120], seed=4)
     alone = [run_decode(kernel, k, v, table, [(0, p)], [q[0][p]], 1) for p in (0, 15, 16, 200, 299)]
     for i, p in enumerate((0, 15, 16, 200, 299)):
         # Beside other decode rows, and before prompt rows of other sequences (a mixed step).
@@ -123,9 +129,10 @@ def test_a_decode_row_does_not_depend_on_the_rows_beside_it(kernel):
         assert torch.equal(mixed[3:], prompt)
 
 
-def test_a_decode_row_ignores_the_slots_past_its_position(kernel):
+@DECODE_DTYPES
+def test_a_decode_row_ignores_the_slots_past_its_position(kernel, dtype, tol):
     """The decode-row loop reads whole blocks: what lies past the row's last key must not matter."""
-    k, v, table, q = make_case(torch.bfloat16, 64, 9, 3, [40], seed=5)
+    k, v, table, q = make_case(dtype, 64, 9, 3, [40], seed=5)
     before = run_decode(kernel, k, v, table, [(0, 36)], [q[0][36]], 1)
     last = int(table[0, 2])
     k[last, 5:], v[last, 5:] = float("nan"), float("inf")  # positions 37..47 of the sequence
