@@ -64,8 +64,9 @@ class RowLayout:
     row_pos: torch.Tensor  # int32 [T]
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
     # Rows [0, num_decode) are decode rows (generated tokens' queries): on avx512_bf16 without
-    # AMX the kernel gives them their own loop (see tile_decode_row), whatever else is in the
-    # call; with AMX every row takes the tiles.
+    # AMX, and on AVX2 with float32 pools, the kernel gives them their own loop (see
+    # tile_decode_row, tile_decode_row_avx2), whatever else is in the call; with AMX every row
+    # takes the tiles.
     num_decode: int = 0
 
 

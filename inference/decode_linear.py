@@ -146,27 +146,41 @@ class DecodeRows(threading.local):
     count = 0
 
 
-class DecodeLinear(torch.nn.Module):
-    """A PackedLinear for prompt rows, our kernel for the pass's leading decode rows."""
+class _SplitByRowKind(torch.nn.Module):
+    """A linear whose pass's leading decode rows (DecodeRows.count) go to the decode kernel, the rest to `prefill`."""
 
-    def __init__(self, prefill: PackedLinear, weight: torch.Tensor, kernel: DecodeKernel, rows: DecodeRows) -> None:
+    def __init__(self, prefill: torch.nn.Module, kernel: DecodeKernel, rows: DecodeRows) -> None:
         super().__init__()
         self.prefill = prefill
         self.in_features = prefill.in_features
         self.out_features = prefill.out_features
-        self.register_buffer("decode_weight", kernel.pack(weight), persistent=False)
         self.kernel = kernel
         self.rows = rows
+
+    def decode(self, rows: torch.Tensor) -> torch.Tensor:
+        """The decode rows' outputs, from the kernel."""
+        raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = self.rows.count
         if d == 0:
             return self.prefill(x)
         flat = x.reshape(-1, self.in_features)
-        decode = self.kernel.linear(flat[:d], self.decode_weight, self.out_features, self.prefill.bias)
+        out = self.decode(flat[:d])
         if d < flat.shape[0]:
-            decode = torch.cat([decode, self.prefill(flat[d:])])
-        return decode.reshape(*x.shape[:-1], self.out_features)
+            out = torch.cat([out, self.prefill(flat[d:])])
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+
+class DecodeLinear(_SplitByRowKind):
+    """A PackedLinear for prompt rows, our kernel over bf16 weights for the pass's leading decode rows."""
+
+    def __init__(self, prefill: PackedLinear, weight: torch.Tensor, kernel: DecodeKernel, rows: DecodeRows) -> None:
+        super().__init__(prefill, kernel, rows)
+        self.register_buffer("decode_weight", kernel.pack(weight), persistent=False)
+
+    def decode(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernel.linear(rows, self.decode_weight, self.out_features, self.prefill.bias)
 
     def forward_silu_mul(self, x: torch.Tensor, ops: FusedOps) -> torch.Tensor:
         """SiLU(gate) * up of this [gate; up] projection: decode rows from the kernel's output, prompt
@@ -175,33 +189,21 @@ class DecodeLinear(torch.nn.Module):
         if d == 0:
             return self.prefill.forward_silu_mul(x, ops)
         flat = x.reshape(-1, self.in_features)
-        act = ops.silu_mul(self.kernel.linear(flat[:d], self.decode_weight, self.out_features, self.prefill.bias))
+        act = ops.silu_mul(self.decode(flat[:d]))
         if d < flat.shape[0]:
             act = torch.cat([act, self.prefill.forward_silu_mul(flat[d:], ops)])
         return act.reshape(*x.shape[:-1], self.out_features // 2)
 
 
-class BlockDecodeLinear(torch.nn.Module):
+class BlockDecodeLinear(_SplitByRowKind):
     """A float32 nn.Linear for prompt rows, our kernel over its exact blocks for the pass's leading decode rows."""
 
     def __init__(self, prefill: torch.nn.Linear, blocks: BlockWeight, kernel: DecodeKernel, rows: DecodeRows) -> None:
-        super().__init__()
-        self.prefill = prefill
-        self.in_features = prefill.in_features
-        self.out_features = prefill.out_features
+        super().__init__(prefill, kernel, rows)
         self.blocks = blocks
-        self.kernel = kernel
-        self.rows = rows
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        d = self.rows.count
-        if d == 0:
-            return self.prefill(x)
-        flat = x.reshape(-1, self.in_features)
-        decode = self.kernel.blocks_linear(flat[:d], self.blocks, self.prefill.bias)
-        if d < flat.shape[0]:
-            decode = torch.cat([decode, self.prefill(flat[d:])])
-        return decode.reshape(*x.shape[:-1], self.out_features)
+    def decode(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.kernel.blocks_linear(rows, self.blocks, self.prefill.bias)
 
 
 def use_decode_kernel(model: torch.nn.Module, kernel: DecodeKernel | None) -> DecodeRows | None:

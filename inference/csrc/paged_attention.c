@@ -16,6 +16,9 @@
  *  - amx: on AMX CPUs, the avx512bf16 cases on tiles (see tile_amx).
  * Each is deterministic on its own; a process uses one of them for a given pool. Which
  * one is decided when the library is built (-march=native, on the machine that runs it).
+ * Decode rows (generated tokens' queries, the call's leading num_decode rows) have loops of
+ * their own on avx512bf16 without AMX (tile_decode_row) and on avx2 with float32 pools
+ * (tile_decode_row_avx2): always those for a decode row, never for a prompt row.
  */
 #define _GNU_SOURCE /* syscall() */
 #include <math.h>
