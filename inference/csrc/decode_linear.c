@@ -207,6 +207,17 @@ void kvgate_decode_blocks_unpack(const uint8_t *packed, int format, int64_t N, i
         }
 }
 
+/* out[m][n] = the lanes of a row's four accumulators, added in one fixed order, + bias. */
+static inline void store_sum(const Job *job, int64_t n, int64_t m, const __m256 *acc) {
+    const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float v = _mm_cvtss_f32(h);
+    if (job->bias) v += ((const float *)job->bias)[n];
+    ((float *)job->out)[m * job->out_stride + n] = v;
+}
+
 /* Output n for rows [m0, m0 + MT): per row, the lanes of four accumulators (one per 8 inputs
    of a block) over the blocks in order, then one fixed reduction. */
 static inline __attribute__((always_inline)) void block_tile(const Job *job, int64_t n, int64_t m0, const int MT) {
@@ -224,20 +235,47 @@ static inline __attribute__((always_inline)) void block_tile(const Job *job, int
             for (int s = 0; s < 4; s++) acc[m][s] = _mm256_fmadd_ps(w[s], _mm256_loadu_ps(xb + 8 * s), acc[m][s]);
         }
     }
-    for (int m = 0; m < MT; m++) {
-        const __m256 s = _mm256_add_ps(_mm256_add_ps(acc[m][0], acc[m][1]), _mm256_add_ps(acc[m][2], acc[m][3]));
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-        float v = _mm_cvtss_f32(h);
-        if (job->bias) v += ((const float *)job->bias)[n];
-        ((float *)job->out)[(m0 + m) * job->out_stride + n] = v;
-    }
+    for (int m = 0; m < MT; m++) store_sum(job, n, m0 + m, acc[m]);
 }
 
+/* Rows [m0, m0 + MT) of output n with its weights already rebuilt in w: the same sums as block_tile. */
+static inline __attribute__((always_inline)) void rebuilt_tile(const Job *job, const float *w, int64_t n, int64_t m0,
+                                                               const int MT) {
+    const int64_t blocks = job->K / QBLOCK;
+    const float *x = (const float *)job->x + m0 * job->x_stride;
+    __m256 acc[2][4];
+    for (int m = 0; m < MT; m++)
+        for (int s = 0; s < 4; s++) acc[m][s] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < blocks; b++)
+        for (int m = 0; m < MT; m++) {
+            const float *xb = x + m * job->x_stride + b * QBLOCK;
+            for (int s = 0; s < 4; s++)
+                acc[m][s] = _mm256_fmadd_ps(_mm256_load_ps(w + b * QBLOCK + 8 * s), _mm256_loadu_ps(xb + 8 * s), acc[m][s]);
+        }
+    for (int m = 0; m < MT; m++) store_sum(job, n, m0 + m, acc[m]);
+}
+
+enum { REBUILD_MAX_K = 8192 };
+
 static void run_blocks(const Job *job, int64_t n0, int64_t n1) {
+    /* Past two rows, an output's weights are rebuilt once into this buffer and every row
+       pair reads them from L1, rather than each pair rebuilding them again. */
+    float w[REBUILD_MAX_K] __attribute__((aligned(32)));
+    const int rebuild = job->M > 2 && job->K <= REBUILD_MAX_K;
+    const int64_t blocks = job->K / QBLOCK, bb = block_bytes(job->format);
     for (int64_t n = n0; n < n1; n++) {
         int64_t m = 0;
+        if (rebuild) {
+            const uint8_t *wn = (const uint8_t *)job->w + n * blocks * bb;
+            for (int64_t b = 0; b < blocks; b++) {
+                __m256 v[4];
+                weights(wn + b * bb, job->format, v);
+                for (int s = 0; s < 4; s++) _mm256_store_ps(w + b * QBLOCK + 8 * s, v[s]);
+            }
+            for (; m + 2 <= job->M; m += 2) rebuilt_tile(job, w, n, m, 2);
+            if (m < job->M) rebuilt_tile(job, w, n, m, 1);
+            continue;
+        }
         for (; m + 2 <= job->M; m += 2) block_tile(job, n, m, 2);
         if (m < job->M) block_tile(job, n, m, 1);
     }
