@@ -14,6 +14,7 @@ from inference.amx_linear import amx_linear_kernel
 from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
 from inference.cpu_attention import CpuPagedAttention
+from inference.cpu_linear import is_cpu_float32
 from inference.cpu_threads import default_num_threads
 from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
@@ -132,9 +133,11 @@ class Engine:
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
         decode = None
-        # Where the CPU has AMX, every row runs in the AMX linear kernel (as fast for a step's few
-        # rows, and one weight copy); the decode kernel serves avx512_bf16 CPUs without it.
-        if fused is not None and settings.decode_linear == "auto" and amx_linear_kernel() is None:
+        # Where the CPU has AMX, every row of a bf16 model runs in the AMX linear kernel (as fast for
+        # a step's few rows, and one weight copy); the decode kernel serves bf16 models on avx512_bf16
+        # CPUs without it, and float32 models of exact GGUF blocks on any AVX2 CPU.
+        float32 = is_cpu_float32(self.loaded.model)
+        if fused is not None and settings.decode_linear == "auto" and (amx_linear_kernel() is None or float32):
             decode = DecodeKernel.load(settings.cache_dir)
         self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused, decode_kernel=decode)
         self.vocab_size = int(cfg.vocab_size)
