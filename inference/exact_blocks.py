@@ -19,11 +19,10 @@ import torch
 
 BLOCK = 32
 Q4_1, Q8_0 = 1, 2  # the formats of csrc/decode_linear.c
-BLOCK_BYTES = {Q4_1: 24, Q8_0: 36}
 
 
 class BlockWeight(NamedTuple):
-    """A [out_features, in_features] weight as the kernel reads it: uint8 [N, K / 32, BLOCK_BYTES[format]]."""
+    """A [out_features, in_features] weight as the kernel reads it: uint8 [N, K / 32, 24 (Q4_1) or 36 (Q8_0)]."""
 
     format: int
     packed: torch.Tensor
@@ -38,8 +37,8 @@ def find_blocks(weight: torch.Tensor) -> BlockWeight | None:
     n, k = weight.shape
     blocks = weight.detach().reshape(n, k // BLOCK, BLOCK)
     with torch.inference_mode():
-        for fmt in (Q4_1, Q8_0):
-            packed = _q4_1(blocks) if fmt == Q4_1 else _q8_0(blocks)
+        for fmt, pack in ((Q4_1, _q4_1), (Q8_0, _q8_0)):
+            packed = pack(blocks)
             if packed is not None:
                 return BlockWeight(fmt, packed, n, k)
     return None

@@ -63,16 +63,16 @@ class ModelRunner:
         self.decode_rows = None
         # The LM head's weight as the decode kernel reads it; None: decode rows' logits as prompt rows'.
         self.lm_decode_weight: torch.Tensor | BlockWeight | None = None
-        if _decode_kernel_applies(model, decode_kernel) and cpu_kernel is not None and self.lm_weight is not None:
+        self.decode_format = _decode_format(model, decode_kernel)
+        if self.decode_format is not None and cpu_kernel is not None and self.lm_weight is not None:
             self.decode_rows = use_decode_kernel(model, decode_kernel)
         if self.decode_rows is not None:
             if not hasattr(model, "kvgate_lm_decode_weight"):
                 model.kvgate_lm_decode_weight = (
-                    decode_kernel.pack(self.lm_weight) if can_pack(model) else find_blocks(self.lm_weight)
+                    decode_kernel.pack(self.lm_weight) if self.decode_format == "bf16" else find_blocks(self.lm_weight)
                 )
             self.lm_decode_weight = model.kvgate_lm_decode_weight
         self.decode_kernel = decode_kernel if self.decode_rows is not None else None
-        self.decode_format = "blocks" if is_cpu_float32(model) else "bf16"
         packed = pack_linears(model) > 0 or getattr(model, "kvgate_packed", False)
         model.kvgate_packed = packed  # a second runner over the same model finds nothing left to pack
         # Single-row passes padded once per pass, for packed linears under the CPU kernel (whose
@@ -187,11 +187,14 @@ class ModelRunner:
         return logits.scatter_(1, top, exact)
 
 
-def _decode_kernel_applies(model: torch.nn.Module, kernel: DecodeKernel | None) -> bool:
-    """bf16 models that oneDNN packs, on avx512_bf16; float32 CPU models (of exact blocks, if any), on AVX2."""
-    if kernel is None:
-        return False
-    return (kernel.bf16 and can_pack(model)) or (kernel.blocks and is_cpu_float32(model))
+def _decode_format(model: torch.nn.Module, kernel: DecodeKernel | None) -> str | None:
+    """The decode kernel's weight format for this model: "bf16" for bf16 models that oneDNN packs,
+    on avx512_bf16; "blocks" for float32 CPU models (of exact blocks, if any), on AVX2; else None."""
+    if kernel is not None and kernel.bf16 and can_pack(model):
+        return "bf16"
+    if kernel is not None and kernel.blocks and is_cpu_float32(model):
+        return "blocks"
+    return None
 
 
 def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:
