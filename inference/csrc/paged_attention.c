@@ -158,6 +158,9 @@ static void tile_generic(const AttnArgs *a, WorkItem w, RowState *st, float *kf,
     }
 }
 
+/* Declared for every build: kvgate_paged_attention sizes tiles by it whichever kernels were built. */
+enum { AVX2_TILE_VECS = 48, AVX2_GROUPS = AVX2_TILE_VECS / 8, AVX2_BS = 16 };
+
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512BF16__)
 #include <immintrin.h>
 #define KVGATE_AVX2 1
@@ -174,7 +177,6 @@ static void tile_generic(const AttnArgs *a, WorkItem w, RowState *st, float *kf,
  * a block past all of a lane's keys rescales it by exp(0) = 1. So every lane's result is
  * the same whatever shares its group or tile, and whichever rows the call holds.
  */
-enum { AVX2_TILE_VECS = 48, AVX2_GROUPS = AVX2_TILE_VECS / 8, AVX2_BS = 16 };
 
 typedef struct {
     float qT[AVX2_GROUPS][MAX_D][8]; /* query dims, transposed per group of 8 vectors */
