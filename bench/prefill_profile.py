@@ -34,6 +34,7 @@ from bench.report import machine_description, write_section  # noqa: E402
 from inference import amx_linear, cpu_attention, fused_ops  # noqa: E402
 from inference.engine import Engine  # noqa: E402
 from inference.model_loader import load_model, select_dtype  # noqa: E402
+from inference.platform import KernelSettings, have_compiler, plan_kernels, this_cpu  # noqa: E402
 from inference.settings import EngineSettings  # noqa: E402
 from inference.types import SamplingParams  # noqa: E402
 
@@ -95,9 +96,13 @@ def attention_rate(config: object, n: int, chunk: int, reps: int) -> float:
     engine's dtype."""
     c = config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kernel = cpu_attention.CpuPagedAttention.load(EngineSettings().cache_dir)
-    if kernel is None:
+    settings = EngineSettings()
+    plan = plan_kernels(
+        this_cpu(), device="cpu", dtype=dtype_name(), settings=KernelSettings.of(settings), compiler=have_compiler()
+    )
+    if plan.variant("paged_attention") is None:
         return float("nan")
+    kernel = cpu_attention.CpuPagedAttention.load(settings.cache_dir, plan.variant("paged_attention"))
     gen = torch.Generator().manual_seed(0)
     blocks = n // 16 + 1
     dtype = engine_dtype()

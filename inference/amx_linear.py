@@ -10,8 +10,7 @@ speed or better for this model's shapes (bench/prefill_profile.py).
 from __future__ import annotations
 
 import ctypes
-import os
-from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -34,6 +33,16 @@ class AmxLinearKernel:
         lib.kvgate_amx_linear.argtypes = [_PTR, _I64, _I64, _I64, _PTR, _I64, _PTR, _PTR, _INT, _INT]
         lib.kvgate_amx_linear.restype = _INT
         self.lib = lib
+
+    @classmethod
+    def load(cls, cache_dir: Path) -> AmxLinearKernel | None:
+        """The kernel (its amx build), or None where this process may not use the tiles.
+
+        Whether to use it at all is the kernel plan's call (inference/platform.py; the
+        linear_amx setting turns it off, for A/B runs against oneDNN, which is not row-invariant on AMX)."""
+        lib = load_library("amx_linear", str(cache_dir), "amx")
+        kernel = cls(lib)
+        return kernel if lib.kvgate_amx_linear_available() else None
 
     def pack(self, weight: torch.Tensor, pairs: bool = False) -> torch.Tensor:
         """[N, K] bf16 -> the kernel's tile layout (a bf16 tensor, N and K rounded up to 32).
@@ -65,19 +74,3 @@ class AmxLinearKernel:
         if rc != 0:
             raise RuntimeError(f"AMX linear kernel failed ({rc})")
         return out
-
-
-@cache
-def amx_linear_kernel() -> AmxLinearKernel | None:
-    """The kernel where the CPU has AMX and this process may use it, else None.
-
-    KVGATE_LINEAR_AMX=0 turns it off (oneDNN's matmul then, for A/B runs: not row-invariant on AMX)."""
-    if os.environ.get("KVGATE_LINEAR_AMX") == "0":
-        return None
-    from inference.settings import EngineSettings
-
-    lib = load_library("amx_linear", str(EngineSettings().cache_dir))
-    if lib is None:
-        return None
-    kernel = AmxLinearKernel(lib)
-    return kernel if lib.kvgate_amx_linear_available() else None

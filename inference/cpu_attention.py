@@ -1,14 +1,14 @@
 """The paged CPU attention kernel (csrc/paged_attention.c), called through ctypes.
 
-It is built once per machine by inference/native.py. If no compiler is available the
-engine falls back to torch's own attention kernels (and loses batch invariance).
+It is built once per ISA variant by inference/native.py; the kernel plan (inference/platform.py)
+says which variant runs, or torch's own attention where there is no C compiler (and then the
+engine loses batch invariance).
 """
 
 from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -40,11 +40,8 @@ class _Args(ctypes.Structure):
     ]
 
 
-@cache
-def _library(cache_dir: str) -> ctypes.CDLL | None:
-    lib = load_library("paged_attention", cache_dir)
-    if lib is None:
-        return None
+def _library(cache_dir: str, isa: str) -> ctypes.CDLL:
+    lib = load_library("paged_attention", cache_dir, isa)
     lib.kvgate_paged_attention.argtypes = [ctypes.POINTER(_Args)]
     lib.kvgate_paged_attention.restype = ctypes.c_int
     lib.kvgate_uses_avx512bf16.argtypes = [ctypes.POINTER(_Args)]
@@ -73,13 +70,14 @@ class RowLayout:
 class CpuPagedAttention:
     """Causal attention of packed query rows over the paged pool, in one C call per layer."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, isa: str) -> None:
         self.lib = lib
+        self.isa = isa
 
     @classmethod
-    def load(cls, cache_dir: Path) -> CpuPagedAttention | None:
-        lib = _library(str(cache_dir))
-        return None if lib is None else cls(lib)
+    def load(cls, cache_dir: Path, isa: str) -> CpuPagedAttention:
+        """The kernel built for ISA variant isa (inference/platform.py); KernelBuildError if it does not build."""
+        return cls(_library(str(cache_dir), isa), isa)
 
     def supports(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
         return dtype in (torch.float32, torch.bfloat16) and head_dim <= 256 and block_size <= 64
@@ -108,14 +106,13 @@ class CpuPagedAttention:
         return bool(self.lib.kvgate_uses_avx512bf16(ctypes.byref(args)))
 
     def uses_avx2(self, dtype: torch.dtype, head_dim: int, block_size: int, heads_per_kv: int = 1) -> bool:
-        """Whether rows run in the AVX2 + FMA kernel here (built where the CPU has AVX2 but not avx512_bf16;
-        head_dim a multiple of 8, blocks of up to 16 keys)."""
+        """Whether rows run in the AVX2 + FMA kernel here (the avx2 build; head_dim a multiple of 8, blocks of
+        up to 16 keys)."""
         args = _Args(D=head_dim, block_size=block_size, is_bf16=int(dtype == torch.bfloat16), H=heads_per_kv, KVH=1)
         return bool(self.lib.kvgate_uses_avx2(ctypes.byref(args)))
 
     def uses_amx(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
-        """Whether prompt rows run on AMX tiles here (bf16, built where the CPU has AMX, and
-        KVGATE_ATTENTION_AMX not "0")."""
+        """Whether prompt rows run on AMX tiles here (bf16, the amx build, and the OS lets this process use them)."""
         args = _Args(D=head_dim, block_size=block_size, is_bf16=int(dtype == torch.bfloat16))
         return bool(self.lib.kvgate_uses_amx(ctypes.byref(args)))
 

@@ -15,19 +15,20 @@ from typing import TYPE_CHECKING
 import torch
 
 from inference import amx_linear
-from inference.amx_linear import amx_linear_kernel
+from inference.amx_linear import AmxLinearKernel
 
 if TYPE_CHECKING:
     from inference.fused_ops import FusedOps
 
 
 class PackedLinear(torch.nn.Module):
-    def __init__(self, linear: torch.nn.Linear) -> None:
+    def __init__(self, linear: torch.nn.Linear, amx: AmxLinearKernel | None = None) -> None:
+        """amx: the AMX kernel, where the kernel plan runs bf16 linears on it; else oneDNN's matmul."""
         super().__init__()
         self.in_features = linear.in_features
         self.out_features = linear.out_features
         weight = linear.weight.detach()
-        self.amx = amx_linear_kernel() if weight.dtype == torch.bfloat16 else None
+        self.amx = amx if weight.dtype == torch.bfloat16 else None
         # A fused [gate; up] (fused_ops.FusedMLP) packed so the AMX kernel can write SiLU(gate) * up itself.
         self.silu_pairs = (
             self.amx is not None and getattr(linear, "kvgate_silu_pairs", False) and self.out_features % 32 == 0
@@ -83,14 +84,15 @@ def is_cpu_float32(model: torch.nn.Module) -> bool:
     return param.device.type == "cpu" and param.dtype == torch.float32
 
 
-def pack_linears(model: torch.nn.Module) -> int:
-    """Swap every nn.Linear of a bf16 CPU model for a PackedLinear; returns how many were swapped."""
+def pack_linears(model: torch.nn.Module, amx: AmxLinearKernel | None = None) -> int:
+    """Swap every nn.Linear of a bf16 CPU model for a PackedLinear (on the AMX kernel if given); returns how
+    many were swapped."""
     if not can_pack(model):
         return 0
     swapped = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is torch.nn.Linear:
-                setattr(parent, name, PackedLinear(child))
+                setattr(parent, name, PackedLinear(child, amx))
                 swapped += 1
     return swapped

@@ -22,7 +22,6 @@ KV always comes from the prompt path, as it did before.
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from pathlib import Path
 
@@ -35,8 +34,8 @@ from inference.native import load_library
 
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 # How long a kernel thread spins after a call, within a forward pass, before it sleeps
-# (between passes it sleeps at once), per weight format. KVGATE_DECODE_SPIN_US overrides
-# both. Measured with bench/decode_ab.py:
+# (between passes it sleeps at once), per weight format. The decode_spin_us setting
+# (KVGATE_DECODE_SPIN_US) overrides both. Measured with bench/decode_ab.py:
 #   - bf16, on the shared 2-core Zen4 machine (load 6-10): 100-200 us of spinning halved
 #     decode speed against sleeping at once (0), so there workers never spin;
 #   - exact blocks, on a 2-core Zen3 (AVX2): spinning 300 us (and yielding while it spins)
@@ -48,7 +47,7 @@ DEFAULT_SPIN_US = {"bf16": 0, "blocks": 300}
 class DecodeKernel:
     """The C functions: pack a bf16 weight, then multiply rows by it; or multiply float32 rows by exact blocks."""
 
-    def __init__(self, lib: ctypes.CDLL) -> None:
+    def __init__(self, lib: ctypes.CDLL, spin_us: int | None = None) -> None:
         lib.kvgate_decode_linear_available.restype = _INT
         available = lib.kvgate_decode_linear_available()
         self.bf16 = bool(available & 1)  # avx512_bf16
@@ -66,17 +65,13 @@ class DecodeKernel:
         lib.kvgate_decode_blocks_unpack.argtypes = [_PTR, _INT, _I64, _I64, _PTR]
         lib.kvgate_decode_blocks_unpack.restype = None
         self.lib = lib
-        self.spin_ns = {
-            fmt: 1000 * int(os.environ.get("KVGATE_DECODE_SPIN_US", us)) for fmt, us in DEFAULT_SPIN_US.items()
-        }
+        self.spin_ns = {fmt: 1000 * (us if spin_us is None else spin_us) for fmt, us in DEFAULT_SPIN_US.items()}
 
     @classmethod
-    def load(cls, cache_dir: Path) -> DecodeKernel | None:
-        """The kernel, or None where it cannot be built or the CPU has neither avx512_bf16 nor AVX2 + FMA."""
-        lib = load_library("decode_linear", str(cache_dir))
-        if lib is None or not lib.kvgate_decode_linear_available():
-            return None
-        return cls(lib)
+    def load(cls, cache_dir: Path, isa: str, *, spin_us: int | None = None) -> DecodeKernel:
+        """The kernel built for ISA variant isa (avx2: exact blocks; avx512bf16: bf16 pairs too);
+        KernelBuildError if it does not build. spin_us: the decode_spin_us setting (None: DEFAULT_SPIN_US)."""
+        return cls(load_library("decode_linear", str(cache_dir), isa), spin_us)
 
     def begin_pass(self, fmt: str) -> None:
         """The kernel's threads may spin between calls from now on (a forward pass over weights

@@ -10,16 +10,12 @@ from dataclasses import dataclass, field
 import structlog
 import torch
 
-from inference.amx_linear import amx_linear_kernel
 from inference.block_pool import BlockPool
 from inference.clock import Clock, SystemClock
-from inference.cpu_attention import CpuPagedAttention
-from inference.cpu_linear import is_cpu_float32
 from inference.cpu_threads import default_num_threads
-from inference.decode_linear import DecodeKernel
 from inference.detokenizer import IncrementalDetokenizer
-from inference.fused_ops import FUSED_OPS_VERSION, FusedOps
 from inference.hashing import BlockHasher
+from inference.kernels import load_kernels, plan_for
 from inference.kv_cache_manager import KVCacheManager, commit_ttls, split_points
 from inference.kv_event_log import KVEventLog, Probe
 from inference.kv_event_publisher import KVEventPublisher
@@ -107,10 +103,14 @@ class Engine:
             dtype=self.loaded.dtype,
             device=self.loaded.device,
         )
-        fused = FusedOps.load(settings.cache_dir) if self.loaded.device.type == "cpu" else None
-        kernel = self._cpu_kernel(settings, head_dim)
+        self.plan = plan_for(settings, self.loaded, head_dim=head_dim)
+        kernels = load_kernels(self.plan, settings.cache_dir, decode_spin_us=settings.decode_spin_us)
         self.tiers = TierManager.from_settings(
-            settings, self.kv_tensors.cache, self.clock, model_fingerprint=self._fingerprint(settings, kernel, fused)
+            settings,
+            self.kv_tensors.cache,
+            self.clock,
+            model_fingerprint=self._fingerprint(settings),
+            compute=self.plan.digest(),
         )
         self.pool = BlockPool(
             num_blocks,
@@ -132,14 +132,7 @@ class Engine:
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
         )
-        decode = None
-        # Where the CPU has AMX, every row of a bf16 model runs in the AMX linear kernel (as fast for
-        # a step's few rows, and one weight copy); the decode kernel serves bf16 models on avx512_bf16
-        # CPUs without it, and float32 models of exact GGUF blocks on any AVX2 CPU.
-        float32 = is_cpu_float32(self.loaded.model)
-        if fused is not None and settings.decode_linear == "auto" and (amx_linear_kernel() is None or float32):
-            decode = DecodeKernel.load(settings.cache_dir)
-        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernel, fused, decode_kernel=decode)
+        self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernels)
         self.vocab_size = int(cfg.vocab_size)
         self.structured = StructuredOutputs(
             self.loaded.tokenizer, vocab_size=self.vocab_size, eos_token_ids=self.loaded.eos_token_ids
@@ -154,6 +147,8 @@ class Engine:
             device=str(self.loaded.device),
             kv_blocks=num_blocks,
             block_size=self.block_size,
+            kernel_plan=self.plan.describe(),
+            kernel_plan_digest=self.plan.digest(),
         )
 
     def _collect_kv_events(self) -> None:
@@ -185,21 +180,11 @@ class Engine:
             # Events are for routing, which falls back without them: a fault here must not fail requests.
             log.exception("kv_events_tick_failed")
 
-    def _cpu_kernel(self, settings: EngineSettings, head_dim: int) -> CpuPagedAttention | None:
-        if settings.attention_backend == "torch" or self.loaded.device.type != "cpu":
-            return None
-        kernel = CpuPagedAttention.load(settings.cache_dir)
-        if kernel is None or not kernel.supports(self.loaded.dtype, head_dim, self.block_size):
-            if settings.attention_backend == "cpu_kernel":
-                raise RuntimeError("KVGATE_ATTENTION_BACKEND=cpu_kernel but the kernel cannot serve this model")
-            return None
-        return kernel
-
-    def _fingerprint(self, settings: EngineSettings, kernel: CpuPagedAttention | None, fused: FusedOps | None) -> str:
+    def _fingerprint(self, settings: EngineSettings) -> str:
         """What a shared KV tier keys blocks by; "" without one (it costs a read of the weights)."""
         if not settings.kv_redis_url:
             return ""
-        compute = f"attn={'cpu_kernel' if kernel is not None else 'torch'},fused={FUSED_OPS_VERSION if fused else 0}"
+        compute = f"plan={self.plan.digest()}"
         return model_fingerprint(self.loaded.path, dtype=self.loaded.dtype, device=self.loaded.device, compute=compute)
 
     def close(self) -> None:

@@ -53,9 +53,9 @@ class FusedOps:
         return getattr(self.lib, f"kvgate_{name}_{SUFFIXES[dtype]}")
 
     @classmethod
-    def load(cls, cache_dir: Path) -> FusedOps | None:
-        lib = load_library("fused_ops", str(cache_dir))
-        return None if lib is None else cls(lib)
+    def load(cls, cache_dir: Path, isa: str) -> FusedOps:
+        """The ops built for ISA variant isa (every variant gives the same bits); KernelBuildError if not built."""
+        return cls(load_library("fused_ops", str(cache_dir), isa))
 
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * bf16(x / sqrt(mean(x^2) + eps)) over the last dimension."""
@@ -232,7 +232,8 @@ def _concat_linears(*linears: torch.nn.Linear) -> torch.nn.Linear:
     return fused
 
 
-def _fusable(model: torch.nn.Module) -> bool:
+def fusable(model: torch.nn.Module) -> bool:
+    """Whether fuse_decoder_layers fuses this model (its architecture, dtype and device)."""
     config = model.config
     return (
         config.model_type in FUSABLE_MODEL_TYPES
@@ -252,7 +253,7 @@ def fuse_decoder_layers(model: torch.nn.Module, ops: FusedOps | None) -> int:
     would: every row is still computed the same way in every pass), and only where every
     module of a kind agrees on biases.
     """
-    if ops is None or not _fusable(model):
+    if ops is None or not fusable(model):
         return 0
     swapped = 0
     for layer in model.model.layers:

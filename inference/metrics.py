@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 
 from inference.stats import EngineStats
 from inference.types import RequestOutput
@@ -130,6 +130,12 @@ def _engine_state(stats: EngineStats) -> Iterator[Metric]:
         )
         yield gauge("kvgate:kv_event_live_blocks", "Blocks the published KV events say are live.", events.live_blocks)
     yield from _tier_metrics(stats)
+    if stats.kernel_plan is not None:
+        plan = InfoMetricFamily(
+            "kvgate:kernel_plan", "Which kernels this engine runs (inference/platform.py).", labels=["model_name"]
+        )
+        plan.add_metric([model], stats.kernel_plan)
+        yield plan
 
 
 # Per-tier counters: (metric name, TierStats field, help).

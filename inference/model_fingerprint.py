@@ -2,7 +2,7 @@
 
 A block computed by one engine may be loaded by another only if it would have computed
 the very same bytes: the same weights, config and dtype, and the same numerics (device
-type with its ISA or GPU model, attention kernel, fused ops, torch version). The shared KV tier keys every block by
+type with its ISA or GPU model, the engine's kernel plan, torch version). The shared KV tier keys every block by
 this fingerprint (with the layout and the salted block hash), so a different model, a
 re-quantized or fine-tuned checkpoint under the same name, another dtype or another
 kernel reads nothing, instead of reading KV that would make warm output differ from cold.
@@ -20,6 +20,8 @@ from pathlib import Path
 import torch
 import xxhash
 
+from inference.platform import ISA_ORDER, this_cpu
+
 # Files whose bytes decide the KV a model computes; the tokenizer's do not (token ids are hashed).
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 _CONFIG_FILES = ("config.json",)
@@ -29,8 +31,8 @@ _READ_CHUNK = 16 * 2**20
 def model_fingerprint(path: Path, *, dtype: torch.dtype, device: torch.device, compute: str) -> str:
     """Hex digest of the checkpoint at path as this engine runs it.
 
-    compute names what else decides the numbers (e.g. "attn=cpu_kernel,fused=2"): engines
-    that differ there compute different KV from the same weights.
+    compute names what else decides the numbers (the engine passes its kernel plan's digest,
+    inference/platform.py): engines that differ there compute different KV from the same weights.
     """
     digest = xxhash.xxh3_128()
     identity = f"kvgate-model/v1|{dtype}|{_hardware(device)}|torch={torch.__version__}|{compute}"
@@ -47,10 +49,14 @@ def model_fingerprint(path: Path, *, dtype: torch.dtype, device: torch.device, c
 
 
 def _hardware(device: torch.device) -> str:
-    """The kernel family the device runs: GEMMs pick different kernels (and roundings) per ISA or GPU model."""
+    """The kernel family the device runs: torch's GEMMs pick different kernels (and roundings) per ISA or GPU
+    model. On CPUs that is the best ISA variant this CPU runs (platform.ISA_ORDER): torch's capability
+    string reads "AVX512" on AMX and non-AMX CPUs alike, whose oneDNN matmuls differ."""
     if device.type == "cuda":
         return f"cuda|{torch.cuda.get_device_name(device)}"
-    return f"{device.type}|{torch.backends.cpu.get_cpu_capability()}"
+    cpu = this_cpu()
+    top = next((isa for isa in reversed(ISA_ORDER) if cpu.runs(isa)), "none")
+    return f"{device.type}|{cpu.arch}|{top}|{torch.backends.cpu.get_cpu_capability()}"
 
 
 def _counts(path: Path) -> bool:

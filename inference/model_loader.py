@@ -17,6 +17,7 @@ import torch
 
 from inference import load_progress
 from inference.bundled_models import BUNDLED_MODELS, SMOLLM2, BundledModel
+from inference.platform import resolve_dtype, this_cpu
 from inference.settings import EngineSettings
 
 log = structlog.get_logger(__name__)
@@ -131,17 +132,9 @@ def select_device(setting: str) -> torch.device:
     return torch.device(setting)
 
 
-def cpu_has_bf16() -> bool:
-    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def select_dtype(setting: str, device: torch.device) -> torch.dtype:
-    if setting != "auto":
-        return getattr(torch, setting)
-    if device.type == "cuda" or cpu_has_bf16():
-        return torch.bfloat16
-    return torch.float32
+    """The dtype to load in: the kernel plan's rule (inference/platform.resolve_dtype) for "auto"."""
+    return getattr(torch, resolve_dtype(setting, device.type, this_cpu()))
 
 
 def load_model(settings: EngineSettings) -> LoadedModel:

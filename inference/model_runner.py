@@ -8,12 +8,13 @@ from typing import NamedTuple
 
 import torch
 
-from inference.cpu_attention import CpuPagedAttention, RowLayout
-from inference.cpu_linear import can_pack, is_cpu_float32, pack_linears
-from inference.decode_linear import DecodeKernel, use_decode_kernel
+from inference.cpu_attention import RowLayout
+from inference.cpu_linear import pack_linears
+from inference.decode_linear import use_decode_kernel
 from inference.exact_blocks import BlockWeight, find_blocks
 from inference.fused_forward import can_run_fused, fused_forward
-from inference.fused_ops import FusedOps, fuse_decoder_layers
+from inference.fused_ops import fuse_decoder_layers
+from inference.kernels import Kernels
 from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
 
 
@@ -41,29 +42,25 @@ RESCORE = 8  # top logits recomputed in float32 per sampled row
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        kv: KVTensors,
-        cpu_kernel: CpuPagedAttention | None = None,
-        fused_ops: FusedOps | None = None,
-        decode_kernel: DecodeKernel | None = None,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, kv: KVTensors, kernels: Kernels) -> None:
+        """kernels: the engine's kernel plan and the C kernels it loaded (inference/kernels.py)."""
         self.model = model
         self.kv = kv
+        self.plan = kernels.plan
         self.device = next(model.parameters()).device
-        self.cpu_kernel = cpu_kernel
+        cpu_kernel = self.cpu_kernel = kernels.attention
+        decode_kernel = kernels.decode
         _use_paged_attention(model)
         # Kept unpacked: the rescoring of the top logits below reads rows of it.
         self.lm_weight = _lm_head_weight(model)
         # Before packing: the fused q/k/v and gate/up projections are packed like the others.
-        fuse_decoder_layers(model, fused_ops)
-        # Decode rows through our kernel: only with the CPU attention kernel (rows in any order),
-        # and for bf16 models where oneDNN packs the prompt rows' linears or float32 ones (on AVX2).
+        fuse_decoder_layers(model, kernels.fused)
+        # Decode rows through our kernel, where the plan has one (only with the CPU attention
+        # kernel, whose rows may come in any order).
         self.decode_rows = None
         # The LM head's weight as the decode kernel reads it; None: decode rows' logits as prompt rows'.
         self.lm_decode_weight: torch.Tensor | BlockWeight | None = None
-        self.decode_format = _decode_format(model, decode_kernel)
+        self.decode_format = _DECODE_FORMATS.get(self.plan.decode_linear)
         if self.decode_format is not None and cpu_kernel is not None and self.lm_weight is not None:
             self.decode_rows = use_decode_kernel(model, decode_kernel)
         if self.decode_rows is not None:
@@ -73,13 +70,13 @@ class ModelRunner:
                 )
             self.lm_decode_weight = model.kvgate_lm_decode_weight
         self.decode_kernel = decode_kernel if self.decode_rows is not None else None
-        packed = pack_linears(model) > 0 or getattr(model, "kvgate_packed", False)
+        packed = pack_linears(model, kernels.amx) > 0 or getattr(model, "kvgate_packed", False)
         model.kvgate_packed = packed  # a second runner over the same model finds nothing left to pack
         # Single-row passes padded once per pass, for packed linears under the CPU kernel (whose
         # rows carry their own sequence and position, so a duplicate row is well-defined).
         self.pad_single_row = packed and cpu_kernel is not None
         # Every layer fused and the CPU kernel attending: the stack runs without transformers' plumbing.
-        self.fused_forward = cpu_kernel is not None and can_run_fused(model)
+        self.fused_forward = self.plan.fused_forward and can_run_fused(model)
 
     @torch.inference_mode()
     def execute(self, chunks: Sequence[Chunk]) -> torch.Tensor:
@@ -187,14 +184,8 @@ class ModelRunner:
         return logits.scatter_(1, top, exact)
 
 
-def _decode_format(model: torch.nn.Module, kernel: DecodeKernel | None) -> str | None:
-    """The decode kernel's weight format for this model: "bf16" for bf16 models that oneDNN packs,
-    on avx512_bf16; "blocks" for float32 CPU models (of exact blocks, if any), on AVX2; else None."""
-    if kernel is not None and kernel.bf16 and can_pack(model):
-        return "bf16"
-    if kernel is not None and kernel.blocks and is_cpu_float32(model):
-        return "blocks"
-    return None
+# The decode kernel's weight format for each decode_linear of the plan (inference/platform.py).
+_DECODE_FORMATS = {"decode_bf16": "bf16", "exact_blocks": "blocks"}
 
 
 def _lm_head_weight(model: torch.nn.Module) -> torch.Tensor | None:

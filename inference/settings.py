@@ -37,7 +37,9 @@ class EngineSettings(BaseSettings):
     )
 
     attention_backend: Literal["auto", "cpu_kernel", "torch"] = Field(
-        "auto", description="auto: our batch-invariant C kernel on CPU when it builds, else torch SDPA."
+        "auto",
+        description="auto: our batch-invariant C kernel on x86-64 CPUs with a C compiler (a kernel that does not build "
+        "stops the engine with the compiler's error), else torch SDPA; the kernel plan says which ran.",
     )
     decode_linear: Literal["auto", "onednn"] = Field(
         "auto",
@@ -45,6 +47,25 @@ class EngineSettings(BaseSettings):
         "kvgate's decode kernel (prompt rows in oneDNN); on CPUs with AMX every row runs in kvgate's AMX kernel; "
         "on AVX2 CPUs (float32), generated tokens' rows read the exact Q4_1/Q8_0 blocks of a GGUF model's weights. "
         "onednn: no decode kernel, every row on the prompt rows' path (oneDNN or MKL, or the AMX kernel).",
+    )
+    linear_amx: bool = Field(
+        True,
+        description="On AMX CPUs, bf16 linears run in kvgate's row-invariant AMX kernel; false: oneDNN's matmul "
+        "(for A/B runs: its sums on AMX depend on the call's row count, so cache hits may change output).",
+    )
+    attention_amx: bool = Field(
+        True, description="On AMX CPUs, bf16 attention runs on the AMX tiles; false: the avx512_bf16 kernel."
+    )
+    kernel_isa: Literal["auto", "generic", "avx2", "avx512bf16", "amx"] = Field(
+        "auto",
+        description="The most capable ISA variant of kvgate's C kernels to run (auto: the best this CPU runs); "
+        "for A/B runs and tests. The engine logs its kernel plan in engine_ready.",
+    )
+    decode_spin_us: int | None = Field(
+        None,
+        ge=0,
+        description="How long the decode kernel's threads spin between calls within a forward pass; unset: "
+        "0 for bf16 weights, 300 for exact GGUF blocks (bench/decode_ab.py measured both).",
     )
     kv_cache_gib: float = Field(1.0, gt=0, description="Device KV-cache pool size.")
     kv_cache_blocks: int | None = Field(None, gt=1, description="Pool size in blocks; overrides kv_cache_gib.")

@@ -55,6 +55,7 @@ class EngineStats:
     tiers: tuple[TierSnapshot, ...]
     offload_pending: int | None  # blocks queued for the disk tier; None without one
     kv_events: KVEventCounts | None = None  # None when the engine publishes no KV events
+    kernel_plan: dict[str, str] | None = None  # the engine's KernelPlan as labels (inference/platform.py)
 
     @property
     def kv_cache_usage(self) -> float:
@@ -89,6 +90,7 @@ def make_engine_stats(core: Engine) -> EngineStats:
         tiers=tuple(_tier_snapshot(tier) for tier in tiers),
         offload_pending=core.tiers.num_pending_stores if core.tiers is not None else None,
         kv_events=_kv_event_counts(core),
+        kernel_plan=core.plan.labels(),
     )
 
 

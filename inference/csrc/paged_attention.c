@@ -15,7 +15,8 @@
  *    16 query vectors at a time, one per vector lane (see tile_bf16_d);
  *  - amx: on AMX CPUs, the avx512bf16 cases on tiles (see tile_amx).
  * Each is deterministic on its own; a process uses one of them for a given pool. Which
- * one is decided when the library is built (-march=native, on the machine that runs it).
+ * one is decided by the build: inference/platform.py builds this file once per ISA variant
+ * (generic, avx2, avx512bf16, amx; explicit -march flags) and its kernel plan picks the build.
  * Decode rows (generated tokens' queries, the call's leading num_decode rows) have loops of
  * their own on avx512bf16 without AMX (tile_decode_row) and on avx2 with float32 pools
  * (tile_decode_row_avx2): always those for a decode row, never for a prompt row.
@@ -761,11 +762,11 @@ typedef struct {
     uint32_t vT[128][AMX_KP]; /* the same transposed: vT[d][kp] */
 } __attribute__((aligned(64))) AmxTile;
 
-/* Whether this process may use the tile registers; KVGATE_ATTENTION_AMX=0 keeps the vdpbf16ps tiles (A/B runs). */
+/* Whether this process may use the tile registers. (Whether to use them at all is the kernel plan's
+   call: with attention_amx off it loads the avx512bf16 build, which keeps the vdpbf16ps tiles.) */
 static int amx_permitted(void) {
     static int state;
-    const char *off = getenv("KVGATE_ATTENTION_AMX");
-    return !(off && strcmp(off, "0") == 0) && amx_request(&state);
+    return amx_request(&state);
 }
 
 /* dst[i][j] = src[j][i] for a 16 x 16 block of 32-bit words. */

@@ -2,8 +2,8 @@
 
 /kv/info tells a gateway how to compute the block hashes this engine uses (model id, block
 size, hash algorithm: `BlockHasher(...).hash_blocks(prompt_token_ids, cache_salt)`), where its
-KV events go, and whether it has a shared tier. /kv/snapshot is every live block with its
-medium, as of event batch `seq` (kvgate.kv_events.KVSnapshot): a router that sees a gap in
+KV events go, whether it has a shared tier, and its kernel plan (inference/platform.py).
+/kv/snapshot is every live block with its medium, as of event batch `seq` (kvgate.kv_events.KVSnapshot): a router that sees a gap in
 the seqs replaces what it knows of this engine with it, then applies the batches after seq.
 """
 
@@ -34,6 +34,7 @@ async def kv_info(state: State) -> dict[str, Any]:
         "hash_algo": core.hasher.algo,
         "kv_events_subject": core.kv_events_subject,
         "shared_tier": any(tier.shared for tier in tiers),
+        "kernel_plan": {**core.plan.describe(), "digest": core.plan.digest()},
     }
 
 

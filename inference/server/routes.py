@@ -55,14 +55,17 @@ async def models(state: State) -> ModelList:
 
 
 @router.get("/health")
-async def health(state: State) -> Response:
+async def health(state: State, detail: bool = False) -> Response:
     """200 while the engine serves; 503 with the reason once its thread has died (as vLLM's /health), or with
-    "draining" once a drain began (inference/server/drain.py)."""
+    "draining" once a drain began (inference/server/drain.py). ?detail=true: a JSON body with the kernel plan."""
     if state.drain.draining:
         return error_response(503, DRAINING)
     reason = state.engine.dead_reason
     if reason is not None:
         return error_response(503, f"the engine died: {reason}")
+    core = state.engine.core
+    if detail and core is not None:
+        return JSONResponse({"status": "ok", "kernel_plan": {**core.plan.describe(), "digest": core.plan.digest()}})
     return Response(status_code=200)
 
 

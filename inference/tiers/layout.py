@@ -23,11 +23,14 @@ LAYOUT_VERSION = 2
 class BlockLayout:
     shape: tuple[int, ...]  # (num_layers, 2, block_size, kv_heads, head_dim)
     dtype: torch.dtype
+    # What computed the blocks: the engine's kernel plan digest (inference/platform.py), so a disk
+    # tier written under one plan is never read under another.
+    compute: str = ""
 
     @classmethod
-    def of_pool(cls, cache: torch.Tensor) -> BlockLayout:
+    def of_pool(cls, cache: torch.Tensor, compute: str = "") -> BlockLayout:
         layers, kv, _, block_size, heads, head_dim = cache.shape
-        return cls((layers, kv, block_size, heads, head_dim), cache.dtype)
+        return cls((layers, kv, block_size, heads, head_dim), cache.dtype, compute)
 
     @property
     def block_size(self) -> int:
@@ -42,8 +45,10 @@ class BlockLayout:
 
     @property
     def fingerprint(self) -> str:
-        """Names this layout on disk: blocks of another dtype or shape never load here."""
+        """Names this layout on disk: blocks of another dtype, shape or kernel plan never load here."""
         key = f"kvgate-kv/v{LAYOUT_VERSION}|{self.dtype}|{'x'.join(map(str, self.shape))}"
+        if self.compute:
+            key += f"|{self.compute}"
         return xxhash.xxh3_64_hexdigest(key.encode())
 
     def typed(self, raw: torch.Tensor) -> torch.Tensor:

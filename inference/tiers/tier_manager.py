@@ -69,17 +69,26 @@ class TierManager:
         assert tiers and len({t.name for t in tiers}) == len(tiers)
         self.cache = cache
         self.clock = clock
-        self.layout = BlockLayout.of_pool(cache)
+        self.layout = tiers[0].layout  # every tier's (BlockLayout.of_pool of the cache, with the plan digest)
+        assert all(t.layout == self.layout for t in tiers) and self.layout.shape == BlockLayout.of_pool(cache).shape
         self.tiers = list(tiers)
         self.shared = [t for t in self.tiers if t.shared]  # written through (share())
         self.closed = False
 
     @classmethod
     def from_settings(
-        cls, settings: EngineSettings, cache: torch.Tensor, clock: Clock, *, model_fingerprint: str = ""
+        cls,
+        settings: EngineSettings,
+        cache: torch.Tensor,
+        clock: Clock,
+        *,
+        model_fingerprint: str = "",
+        compute: str = "",
     ) -> TierManager | None:
-        """The tiers the settings ask for, in TIER_TYPES order, or None when there are none."""
-        layout = BlockLayout.of_pool(cache)
+        """The tiers the settings ask for, in TIER_TYPES order, or None when there are none.
+
+        compute: the kernel plan's digest, in every tier's layout (BlockLayout.compute)."""
+        layout = BlockLayout.of_pool(cache, compute)
         pin = cache.device.type == "cuda"
         built = (
             kind.from_settings(settings, layout, clock=clock, pin_memory=pin, model_fingerprint=model_fingerprint)

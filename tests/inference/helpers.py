@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import random
 
+from inference.amx_linear import AmxLinearKernel
+from inference.platform import KERNEL_VARIANTS, best_variant, this_cpu
+from inference.settings import EngineSettings
 from inference.tiers import TIER_NAMES
 from inference.types import RequestOutput, SamplingParams, Usage
 
@@ -36,3 +39,19 @@ def full_blocks_before_last(n: int, block_size: int = 16) -> int:
 def checked(out: RequestOutput) -> RequestOutput:
     assert_usage_invariant(out.usage)
     return out
+
+
+def runnable_variants(kernel: str) -> list[str]:
+    """The ISA variants of a C kernel (inference/platform.py) that this CPU runs, least capable first."""
+    cpu = this_cpu()
+    return [isa for isa in KERNEL_VARIANTS[kernel] if cpu.runs(isa)]
+
+
+def best_kernel_variant(kernel: str) -> str | None:
+    """The variant of a C kernel the kernel plan would pick on this CPU, or None where it runs none."""
+    return best_variant(kernel, this_cpu())
+
+
+def planned_amx_linear() -> AmxLinearKernel | None:
+    """The AMX linear kernel where the kernel plan runs bf16 linears on it (AMX CPUs), else None (oneDNN)."""
+    return AmxLinearKernel.load(EngineSettings().cache_dir) if this_cpu().runs("amx") else None

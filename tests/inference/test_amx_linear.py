@@ -8,9 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inference.amx_linear import amx_linear_kernel
+from inference.amx_linear import AmxLinearKernel
+from inference.platform import this_cpu
+from inference.settings import EngineSettings
 
-KERNEL = amx_linear_kernel()
+KERNEL = AmxLinearKernel.load(EngineSettings().cache_dir) if this_cpu().runs("amx") else None
 pytestmark = pytest.mark.skipif(KERNEL is None, reason="no AMX on this CPU")
 
 
@@ -75,9 +77,8 @@ def test_no_rows():
 def test_silu_mul_in_the_output_stage_is_the_two_step_result_bit_for_bit(bias):
     from inference.amx_linear import PAIRS, PLAIN, SILU_MUL
     from inference.fused_ops import FusedOps
-    from inference.settings import EngineSettings
 
-    ops = FusedOps.load(EngineSettings().cache_dir)
+    ops = FusedOps.load(EngineSettings().cache_dir, "avx512bf16")
     torch.manual_seed(2)
     n, k = 3072, 576  # a fused [gate; up] of 1536 each
     weight = torch.randn(n, k, dtype=torch.bfloat16) / k**0.5

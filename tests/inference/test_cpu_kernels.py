@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,17 +9,17 @@ import torch.nn.functional as F
 from inference.cpu_attention import CpuPagedAttention, RowLayout
 from inference.cpu_linear import PackedLinear, can_pack, pack_linears
 from inference.settings import EngineSettings
+from tests.inference.helpers import planned_amx_linear, runnable_variants
 
 # oneDNN's bf16 path needs AVX-512 (or AVX-NE-CONVERT); on AVX2-only CPUs bf16 linears stay plain.
 ONEDNN_BF16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 needs_onednn_bf16 = pytest.mark.skipif(not ONEDNN_BF16, reason="oneDNN has no bf16 path on this CPU")
 
 
-@pytest.fixture(scope="module")
-def kernel() -> CpuPagedAttention:
-    k = CpuPagedAttention.load(EngineSettings().cache_dir)
-    assert k is not None, "the C kernel must build here (gcc is part of the machine)"
-    return k
+@pytest.fixture(scope="module", params=runnable_variants("paged_attention"))
+def kernel(request) -> CpuPagedAttention:
+    """Every ISA variant of the kernel this CPU runs (a build failure is an error: gcc is part of the machine)."""
+    return CpuPagedAttention.load(EngineSettings().cache_dir, request.param)
 
 
 def make_case(dtype, head_dim, heads, kv_heads, lengths, seed=0):
@@ -167,7 +165,7 @@ def test_torch_sdpa_is_not_chunk_invariant_which_is_why_we_have_the_kernel():
 def test_packed_linear_rows_do_not_depend_on_the_batch(out_features, in_features, bias):
     torch.manual_seed(0)
     linear = torch.nn.Linear(in_features, out_features, bias=bias).to(torch.bfloat16)
-    packed = PackedLinear(linear)
+    packed = PackedLinear(linear, planned_amx_linear())  # as the engine packs it here
     x = torch.randn(1, 300, in_features, dtype=torch.bfloat16)
     full = packed(x)
     if packed.amx is None:  # oneDNN's packed weight: the same sums as its plain matmul
@@ -202,10 +200,12 @@ def test_linears_are_packed_exactly_where_onednn_has_a_bf16_path():
     torch.testing.assert_close(model(x), plain)
 
 
-def test_the_avx2_kernel_serves_cpus_without_avx512_bf16(kernel: CpuPagedAttention) -> None:
-    flags = Path("/proc/cpuinfo").read_text()
-    avx2_only = " avx2 " in flags and " fma " in flags and "avx512_bf16" not in flags
-    assert kernel.uses_avx2(torch.float32, 64, 16, heads_per_kv=3) == avx2_only
-    assert kernel.uses_avx2(torch.bfloat16, 128, 16) == avx2_only
+def test_each_build_runs_the_kernels_of_its_variant(kernel: CpuPagedAttention) -> None:
+    avx2 = kernel.isa == "avx2"
+    assert kernel.uses_avx2(torch.float32, 64, 16, heads_per_kv=3) == avx2
+    assert kernel.uses_avx2(torch.bfloat16, 128, 16) == avx2
+    assert kernel.uses_avx512bf16(torch.bfloat16, 64, 16) == (kernel.isa in ("avx512bf16", "amx"))
+    assert kernel.uses_amx(torch.bfloat16, 64, 16) == (kernel.isa == "amx")
+    assert not kernel.uses_avx512bf16(torch.float32, 64, 16)  # float32 pools: the plan gives them the avx2 build
     # A head_dim that is not a multiple of 8 goes to the generic kernel everywhere.
     assert not kernel.uses_avx2(torch.float32, 20, 16)

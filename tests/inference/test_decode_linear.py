@@ -9,15 +9,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.amx_linear import amx_linear_kernel
 from inference.cpu_linear import PackedLinear
 from inference.decode_linear import DecodeKernel, DecodeLinear, DecodeRows
 from inference.model_runner import Chunk, _plan_rows
+from inference.platform import this_cpu
 from inference.settings import EngineSettings
 from inference.types import CacheSpec, SamplingParams
-from tests.inference.helpers import checked, random_prompt
+from tests.inference.helpers import best_kernel_variant, checked, random_prompt
 
-KERNEL = DecodeKernel.load(EngineSettings().cache_dir)
+VARIANT = best_kernel_variant("decode_linear")
+KERNEL = None if VARIANT is None else DecodeKernel.load(EngineSettings().cache_dir, VARIANT)
+AMX = this_cpu().runs("amx")
 CPU_FLAGS = Path("/proc/cpuinfo").read_text()
 AVX512_BF16 = "avx512_bf16" in CPU_FLAGS
 needs_kernel = pytest.mark.skipif(KERNEL is None or not KERNEL.bf16, reason="the bf16 decode kernel needs avx512_bf16")
@@ -139,7 +141,7 @@ def test_rows_split_by_kind_decode_rows_first():
 def test_engine_routes_decode_rows_to_the_kernel_unless_told_not_to(make_engine, tiny_llama_dir):
     engine = make_engine(tiny_llama_dir, dtype="bfloat16")
     # Where the CPU has AMX, every row runs in the AMX linear kernel instead (amx_linear.py).
-    assert (engine.runner.decode_rows is not None) == (amx_linear_kernel() is None)
+    assert (engine.runner.decode_rows is not None) == (not AMX)
     onednn = make_engine(tiny_llama_dir, dtype="bfloat16", decode_linear="onednn")
     assert onednn.runner.decode_rows is None
     assert make_engine(tiny_llama_dir).runner.decode_rows is None  # float32: oneDNN's packing does not apply
@@ -176,7 +178,7 @@ def test_mixed_steps_and_recompute_after_preemption_give_the_solo_outputs(make_e
     solo = {rid: checked(roomy.generate(prompt, params)).token_ids for rid, prompt in requests}
 
     tight = make_engine(tiny_llama_dir, dtype="bfloat16", kv_cache_blocks=24, max_num_batched_tokens=64)
-    assert (tight.runner.decode_rows is not None) == (amx_linear_kernel() is None)
+    assert (tight.runner.decode_rows is not None) == (not AMX)
     seen = {"mixed": 0, "spanning": 0}
     execute = tight.runner.execute
 

@@ -11,10 +11,11 @@ from inference.decode_linear import BlockDecodeLinear, DecodeKernel
 from inference.exact_blocks import Q4_1, Q8_0, BlockWeight, find_blocks
 from inference.settings import EngineSettings
 from inference.types import CacheSpec, SamplingParams
-from tests.inference.helpers import checked, random_prompt
+from tests.inference.helpers import best_kernel_variant, checked, random_prompt
 from tests.model_fixtures import quantize_q4_1, quantize_q8_0
 
-KERNEL = DecodeKernel.load(EngineSettings().cache_dir)
+VARIANT = best_kernel_variant("decode_linear")
+KERNEL = None if VARIANT is None else DecodeKernel.load(EngineSettings().cache_dir, VARIANT)
 needs_blocks = pytest.mark.skipif(KERNEL is None or not KERNEL.blocks, reason="the blocks kernel needs AVX2 and FMA")
 
 

@@ -31,8 +31,23 @@ def test_an_engine_without_events_says_so_and_has_no_snapshot(tiny_server):
         "hash_algo": "sha256",
         "kv_events_subject": None,
         "shared_tier": False,
+        "kernel_plan": {**core.plan.describe(), "digest": core.plan.digest()},
     }
     assert not any(name.startswith("kvgate:kv_event") for name in tiny_server.metrics())
+
+
+def test_the_kernel_plan_is_served_on_kv_info_health_and_metrics(tiny_server):
+    core = tiny_server.engine.core
+    plan = httpx.get(f"{tiny_server.url}/kv/info").json()["kernel_plan"]
+    assert plan["digest"] == core.plan.digest() and plan["dtype"] == "float32"  # the tiny model loads in float32
+    assert plan["attention"] == core.plan.attention and plan["isa"] == dict(core.plan.isa)
+    assert httpx.get(f"{tiny_server.url}/health").content == b""  # plain /health stays vLLM's empty 200
+    detail = httpx.get(f"{tiny_server.url}/health", params={"detail": "true"}).json()
+    assert detail == {"status": "ok", "kernel_plan": plan}
+    text = httpx.get(f"{tiny_server.url}/metrics").text
+    line = next(ln for ln in text.splitlines() if ln.startswith("kvgate:kernel_plan_info{"))
+    assert f'digest="{core.plan.digest()}"' in line and f'attention="{core.plan.attention}"' in line
+    assert line.endswith(" 1.0")
     response = httpx.get(f"{tiny_server.url}/kv/snapshot")
     assert response.status_code == 404
     assert "KVGATE_NATS_URL" in response.json()["error"]["message"]

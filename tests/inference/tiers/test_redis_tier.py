@@ -240,3 +240,21 @@ def test_the_tier_reports_its_blocks_as_remote_kv_events_on_every_engine_that_kn
     assert redis_tier(b).lookup(hashes[0], prompt[:16], b.clock.now()) is None
     b.kv_events_tick()
     assert hashes[0] in removed_hashes(seen["b"], "REMOTE")
+
+
+def test_engines_whose_kernel_plans_differ_share_nothing_and_equal_plans_share(shared, tiny_llama_dir):
+    """The plan is in the fingerprint: KV computed by other kernels would make warm output differ from cold."""
+    best = shared(tiny_llama_dir)
+    portable = shared(tiny_llama_dir, kernel_isa="generic")
+    assert best.plan != portable.plan and best.plan.variant("paged_attention") != "generic"
+    assert redis_tier(best).prefix != redis_tier(portable).prefix
+    prompt, spec = random_prompt(random.Random(87), 150), CacheSpec(salt=salt())
+    checked(best.generate(prompt, GREEDY_8, spec))
+    best.tiers.flush()
+    miss = checked(portable.generate(prompt, GREEDY_8, spec))
+    assert miss.usage.cached_tokens == 0 and redis_tier(portable).stats.loads == 0
+    # Paired positive: an engine with the same plan reads what the first wrote.
+    same = shared(tiny_llama_dir)
+    assert same.plan == best.plan
+    hit = checked(same.generate(prompt, GREEDY_8, spec))
+    assert hit.usage.cached_tokens_by_tier == by_tier(redis=144)

@@ -9,6 +9,7 @@ import threading
 from inference.async_engine import AsyncEngine
 from inference.settings import EngineSettings
 from inference.tiers.disk_tier import DiskTier
+from inference.tiers.layout import BlockLayout
 from inference.types import SamplingParams
 from tests.inference.helpers import by_tier, checked, random_prompt
 from tests.inference.tiers.helpers import committed_hashes, push_down, run_filler
@@ -57,7 +58,7 @@ def test_async_engine_shutdown_flushes_and_releases_the_disk_tier(tiny_llama_dir
         model=str(tiny_llama_dir), dtype="float32", kv_cache_blocks=16, kv_disk_dir=tmp_path, kv_disk_blocks=64
     )
 
-    async def run() -> list[bytes]:
+    async def run() -> tuple[list[bytes], BlockLayout]:
         engine = AsyncEngine(settings)
         await engine.start()
         prompts = [random_prompt(random.Random(43 + i), 97) for i in range(6)]
@@ -66,25 +67,28 @@ def test_async_engine_shutdown_flushes_and_releases_the_disk_tier(tiny_llama_dir
         core = engine.core
         evicted = [h for p in prompts for h in committed_hashes(core, p) if h not in core.pool.cached]
         await engine.shutdown()
-        return evicted
+        return evicted, core.tiers.layout
 
-    evicted = asyncio.run(run())
+    evicted, layout = asyncio.run(run())
     assert evicted
-    disk = DiskTier(tmp_path, _layout_of(tiny_llama_dir), 64, clock=_clock(), pin_min_ttl_s=3600, pin_share=0.5)
+    # The disk's layout key holds the engine's kernel plan: the same shape under another plan is another dir.
+    assert layout == _layout_of(tiny_llama_dir, compute=layout.compute) and layout.compute
+    disk = DiskTier(tmp_path, layout, 64, clock=_clock(), pin_min_ttl_s=3600, pin_share=0.5)
     try:
         assert all(h in disk for h in evicted)
     finally:
         disk.close()
 
 
-def _layout_of(model_dir):
+def _layout_of(model_dir, compute: str = ""):
     import torch
 
     from inference.tiers.layout import BlockLayout
     from tests.model_fixtures import TINY_COMMON
 
     c = TINY_COMMON
-    return BlockLayout((c["num_hidden_layers"], 2, 16, c["num_key_value_heads"], c["head_dim"]), torch.float32)
+    shape = (c["num_hidden_layers"], 2, 16, c["num_key_value_heads"], c["head_dim"])
+    return BlockLayout(shape, torch.float32, compute)
 
 
 def _clock():
