@@ -3,8 +3,9 @@
 /kv/info tells a gateway how to compute the block hashes this engine uses (model id, block
 size, hash algorithm: `BlockHasher(...).hash_blocks(prompt_token_ids, cache_salt)`), where its
 KV events go, whether it has a shared tier, and its kernel plan (inference/platform.py).
-/kv/snapshot is every live block with its medium, as of event batch `seq` (kvgate.kv_events.KVSnapshot): a router that sees a gap in
-the seqs replaces what it knows of this engine with it, then applies the batches after seq.
+/kv/snapshot is every live block with its medium, as of event batch `seq`
+(kvgate.kv_events.KVSnapshot): a router that sees a gap in the seqs replaces what it knows
+of this engine with it, then applies the batches after seq.
 """
 
 from __future__ import annotations
