@@ -37,18 +37,18 @@ run: $(STAMP)
 # WeasyPrint (invoice PDFs) loads Pango when imported: Debian's packages, installed when missing and we may.
 pango:
 	@if ldconfig -p 2>/dev/null | grep -q libpangoft2-1.0; then :; \
-	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS) || \
-		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS)); \
-	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS) || \
-		(sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y $(PANGO_DEBS)); \
+	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y $(PANGO_DEBS) || \
+		(apt-get -o DPkg::Lock::Timeout=600 update && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y $(PANGO_DEBS)); \
+	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y $(PANGO_DEBS) || \
+		(sudo apt-get -o DPkg::Lock::Timeout=600 update && sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y $(PANGO_DEBS)); \
 	else echo "!!! Pango is missing and cannot be installed here (not root, no sudo): invoice PDFs will fail"; fi
 
 # The browser tests' Chromium, from Debian: installed when missing and we may (root, or sudo without a password).
 browser:
 	@if [ -x $(CHROMIUM) ]; then :; \
-	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium); \
-	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || \
-		(sudo apt-get update && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y chromium); \
+	elif [ "$$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y chromium || (apt-get -o DPkg::Lock::Timeout=600 update && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y chromium); \
+	elif sudo -n true 2>/dev/null; then sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y chromium || \
+		(sudo apt-get -o DPkg::Lock::Timeout=600 update && sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y chromium); \
 	else echo "!!! $(CHROMIUM) is missing and cannot be installed here (not root, no sudo): browser tests will SKIP"; fi
 
 test: $(STAMP) browser

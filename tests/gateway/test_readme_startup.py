@@ -74,6 +74,13 @@ def event_key(event: dict[str, Any]) -> tuple[Any, ...]:
     return (name, event.get("phase"), event.get("state"), tuple(sorted(event)))
 
 
+@pytest.fixture(autouse=True)
+def _drop_the_first_starts_cache(tmp_path: Path) -> Iterator[None]:
+    """Each first start converts SmolLM2 into its own cache dir (about 0.4 GB); pytest keeps three runs' tmp dirs."""
+    yield
+    shutil.rmtree(tmp_path / "cache", ignore_errors=True)
+
+
 def first_start_env(tmp_path: Path) -> dict[str, str]:
     """The environment of a first `make run`: no KVGATE_* settings but a fresh cache dir and a free port."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
