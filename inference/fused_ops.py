@@ -208,15 +208,14 @@ class FusedAttention(torch.nn.Module):
         self, hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, batch: AttentionBatch
     ) -> torch.Tensor:
         """forward's computation on [T, hidden] rows with the CPU kernel, without the [1, ...] views
-        transformers passes (inference/fused_forward.py): the same ops, the same results."""
+        transformers passes (inference/models/llama.py): the same ops, the same results."""
         T = hidden.shape[0]
         H, KVH, D = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(hidden)
         # New keys and values straight into the pool (a padded pass writes its real rows only).
         flat_k, flat_v = batch.kv.flat(self.layer_idx, 0), batch.kv.flat(self.layer_idx, 1)
         q = self.ops.rotary_to_pool(qkv, cos, sin, (H, KVH, D), flat_k, flat_v, batch.slot_mapping)
-        k_pool, v_pool = batch.kv.layer_pools[self.layer_idx]
-        out = batch.cpu_kernel(q, k_pool, v_pool, batch.rows, self.scaling)
+        out = batch.backend.attend_rows(batch, self.layer_idx, q, self.scaling)
         return self.o_proj(out.view(T, H * D))
 
 

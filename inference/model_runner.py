@@ -8,14 +8,14 @@ from typing import NamedTuple
 
 import torch
 
-from inference.cpu_attention import RowLayout
+from inference.attention_backends import CpuPagedBackend, backend_for
 from inference.cpu_linear import pack_linears
 from inference.decode_linear import use_decode_kernel
 from inference.exact_blocks import BlockWeight, find_blocks
-from inference.fused_forward import can_run_fused, fused_forward
 from inference.fused_ops import fuse_decoder_layers
 from inference.kernels import Kernels
-from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors, SeqSlice
+from inference.models.llama import can_run_fused, fused_forward
+from inference.paged_attention import ATTN_IMPLEMENTATION, AttentionBatch, KVTensors
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,7 @@ class ModelRunner:
         self.plan = kernels.plan
         self.device = next(model.parameters()).device
         cpu_kernel = self.cpu_kernel = kernels.attention
+        self.attention = backend_for(kernels)
         decode_kernel = kernels.decode
         _use_paged_attention(model)
         # Kept unpacked: the rescoring of the top logits below reads rows of it.
@@ -93,9 +94,7 @@ class ModelRunner:
         dev = self.device
         plan = _plan_rows(chunks, split_decode=self.decode_rows is not None)
         ids, positions, num_rows = plan.ids, plan.positions, len(plan.ids)
-        rows = None
-        if self.cpu_kernel is not None:
-            rows = _row_layout(chunks, plan.row_seq, positions, plan.num_decode)
+        meta = self.attention.prepare(chunks, plan.row_seq, positions, plan.num_decode, dev)
         if num_rows == 1 and self.pad_single_row and plan.num_decode == 0:
             # A lone prompt row runs as two rows: every packed linear would otherwise pad it
             # with a zero row itself (see PackedLinear), four more ops per linear; this pads it
@@ -104,14 +103,12 @@ class ModelRunner:
             # 0 (one key) rather than over the whole context again. (A lone decode row needs no
             # padding: the decode kernel takes any number of rows.)
             ids, positions = ids * 2, positions * 2
-            row_pos = torch.tensor([positions[0], 0], dtype=torch.int32)
-            rows = RowLayout(rows.row_seq.repeat(2), row_pos, rows.block_tables)
+            meta = CpuPagedBackend.pad_single_row(meta)
         batch = AttentionBatch(
             kv=self.kv,
             slot_mapping=torch.tensor(plan.slots, dtype=torch.long, device=dev),
-            seqs=_seq_slices(chunks, dev) if self.cpu_kernel is None else (),
-            cpu_kernel=self.cpu_kernel,
-            rows=rows,
+            backend=self.attention,
+            meta=meta,
         )
         if self.decode_rows is not None:
             self.decode_rows.count = plan.num_decode
@@ -233,29 +230,6 @@ def _plan_rows(chunks: Sequence[Chunk], split_decode: bool) -> RowPlan:
     sample_rows = [row if is_decode else num_decode + row for is_decode, row in picks]
     ids, positions, slots, row_seq = (d + p for d, p in zip(decode, prompt, strict=True))
     return RowPlan(ids, positions, slots, row_seq, sample_rows, num_decode)
-
-
-def _row_layout(chunks: Sequence[Chunk], row_seq: list[int], positions: list[int], num_decode: int) -> RowLayout:
-    # One tensor per field, built from Python lists in one call each (not one per chunk).
-    width = max(len(c.block_ids) for c in chunks)
-    tables = [list(c.block_ids) + [0] * (width - len(c.block_ids)) for c in chunks]
-    return RowLayout(
-        row_seq=torch.tensor(row_seq, dtype=torch.int32),
-        row_pos=torch.tensor(positions, dtype=torch.int32),
-        block_tables=torch.tensor(tables, dtype=torch.int32),
-        num_decode=num_decode,
-    )
-
-
-def _seq_slices(chunks: Sequence[Chunk], device: torch.device) -> tuple[SeqSlice, ...]:
-    """Per-sequence metadata for the torch attention path (the CPU kernel reads RowLayout instead)."""
-    seqs, q = [], 0
-    for chunk in chunks:
-        n = len(chunk.token_ids)
-        block_ids = torch.tensor(chunk.block_ids, dtype=torch.long, device=device)
-        seqs.append(SeqSlice(q_start=q, q_end=q + n, pos_start=chunk.start, block_ids=block_ids))
-        q += n
-    return tuple(seqs)
 
 
 def _use_paged_attention(model: torch.nn.Module) -> None:

@@ -107,7 +107,7 @@ class KernelPlan:
     prompt_linear: str  # "amx" (csrc/amx_linear.c), "onednn_packed" (prepacked bf16) or "torch"
     decode_linear: str  # "prompt" (as prompt rows), "decode_bf16" or "exact_blocks" (csrc/decode_linear.c)
     fused_ops: int  # FUSED_OPS_VERSION, or 0 for transformers' modules
-    fused_forward: bool  # the decoder stack without transformers' plumbing (inference/fused_forward.py)
+    fused_forward: bool  # the decoder stack without transformers' plumbing (inference/models/llama.py)
     isa: tuple[tuple[str, str], ...] = field(default=())  # (C kernel, variant) for each kernel loaded
     version: int = PLAN_VERSION
 

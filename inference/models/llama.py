@@ -1,4 +1,5 @@
-"""The decoder stack of a fully fused model, run without transformers' module plumbing.
+"""The engine's own forward of llama-family models (llama, qwen2, mistral): the fully fused decoder stack, run
+without transformers' module plumbing.
 
 A decode step of SmolLM2 ran ~2,600 tensor ops, a third of them in transformers' layer and
 model forwards (keyword plumbing, mask and output bookkeeping, [1, T, ...] views) rather
