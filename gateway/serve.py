@@ -72,13 +72,14 @@ def _invalid_settings(exc: Any) -> str:
 def preflight(settings: GatewaySettings, *, wait_for_db_s: float) -> None:
     """Everything that can be checked before the model loads, quickest first: port, database, disk tier
     (or, with KVGATE_ENGINES, that an engine answers with our model)."""
-    from inference.preflight import check_disk_tier
+    from inference.preflight import check_disk_tier, check_kernel_settings
     from inference.settings import EngineSettings
 
     check_port(settings.host, settings.port)
     check_database(settings.database_url, wait_s=wait_for_db_s)
     specs = settings.engine_specs
     if specs is None:
+        check_kernel_settings(EngineSettings())
         check_disk_tier(EngineSettings())
     else:  # remote engines check their own tiers; the gateway checks that they serve its model
         from gateway.backends.preflight import check_engines

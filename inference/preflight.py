@@ -1,5 +1,6 @@
 """The engine's start-up checks, run before the model loads: the disk KV tier directory is usable,
-KVGATE_NATS_URL is a NATS URL (for `kvgate engine serve`, its port is free too).
+KVGATE_NATS_URL is a NATS URL, the kernel settings fit this CPU (for `kvgate engine serve`, its port is
+free too).
 
 A directory that cannot be written, or a disk without room for KVGATE_KV_DISK_GIB, would
 otherwise surface only after the model has loaded, or as write failures under load.
@@ -13,6 +14,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from inference.platform import ISA_ORDER, have_compiler, this_cpu
 from inference.settings import EngineSettings
 from kvgate.preflight import StartupError, check_port
 
@@ -82,9 +84,26 @@ def check_nats_url(settings: EngineSettings) -> None:
             )
 
 
+def check_kernel_settings(settings: EngineSettings) -> None:
+    """The kernel settings can be planned on this machine (inference/platform.py): KVGATE_KERNEL_ISA names a
+    variant this CPU runs, and KVGATE_ATTENTION_BACKEND=cpu_kernel has a C compiler and an x86-64 CPU."""
+    cpu = this_cpu()
+    if settings.kernel_isa != "auto" and not cpu.runs(settings.kernel_isa):
+        runs = ", ".join(isa for isa in ISA_ORDER if cpu.runs(isa)) or "none (not x86-64)"
+        raise StartupError(
+            f"KVGATE_KERNEL_ISA={settings.kernel_isa}: this CPU does not run it (it runs: {runs}); "
+            "use one of those, or auto"
+        )
+    wants_kernel = settings.attention_backend == "cpu_kernel" and settings.device in ("auto", "cpu")
+    if wants_kernel and (not have_compiler() or not cpu.runs("generic")):
+        why = "no C compiler (cc or gcc) on PATH" if cpu.runs("generic") else f"an {cpu.arch} CPU"
+        raise StartupError(f"KVGATE_ATTENTION_BACKEND=cpu_kernel needs x86-64 and a C compiler, but found {why}")
+
+
 def check_engine_start(host: str, port: int, settings: EngineSettings) -> None:
-    """`kvgate engine serve`'s checks: its port, the NATS URL, then the disk tier; StartupError (one line)
-    on the first failure."""
+    """`kvgate engine serve`'s checks: its port, the NATS URL, the kernel settings, then the disk tier;
+    StartupError (one line) on the first failure."""
     check_port(host, port, port_setting="--port")
     check_nats_url(settings)
+    check_kernel_settings(settings)
     check_disk_tier(settings)

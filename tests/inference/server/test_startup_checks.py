@@ -72,3 +72,29 @@ def test_a_good_config_starts(tmp_path: Path, tiny_llama_dir: Path) -> None:
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)
+
+
+def test_kernel_settings_this_cpu_cannot_plan_fail_in_one_line(monkeypatch) -> None:
+    import pytest
+
+    from inference import preflight
+    from inference.platform import CpuInfo
+    from inference.settings import EngineSettings
+    from kvgate.preflight import StartupError
+    from tests.inference.test_platform import MACHINES
+
+    monkeypatch.setattr(preflight, "this_cpu", lambda: MACHINES["AVX2-only EPYC (Zen3)"])
+    with pytest.raises(
+        StartupError, match="KVGATE_KERNEL_ISA=amx: this CPU does not run it \\(it runs: generic, avx2\\)"
+    ):
+        preflight.check_kernel_settings(EngineSettings(kernel_isa="amx"))
+    for fine in ("auto", "generic", "avx2"):  # paired positives: what the CPU runs passes
+        preflight.check_kernel_settings(EngineSettings(kernel_isa=fine))
+    preflight.check_kernel_settings(EngineSettings(attention_backend="cpu_kernel"))
+    monkeypatch.setattr(preflight, "have_compiler", lambda: False)
+    with pytest.raises(StartupError, match="no C compiler"):
+        preflight.check_kernel_settings(EngineSettings(attention_backend="cpu_kernel"))
+    monkeypatch.setattr(preflight, "this_cpu", lambda: CpuInfo("aarch64", frozenset()))
+    with pytest.raises(StartupError, match="an aarch64 CPU"):
+        preflight.check_kernel_settings(EngineSettings(attention_backend="cpu_kernel", device="cpu"))
+    preflight.check_kernel_settings(EngineSettings())  # auto on aarch64: torch's kernels, nothing to refuse
