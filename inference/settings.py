@@ -59,7 +59,8 @@ class EngineSettings(BaseSettings):
     kernel_isa: Literal["auto", "generic", "avx2", "avx512bf16", "amx"] = Field(
         "auto",
         description="The most capable ISA variant of kvgate's C kernels to run (auto: the best this CPU runs); "
-        "for A/B runs and tests. The engine logs its kernel plan in engine_ready.",
+        "for A/B runs and tests (on AMX CPUs a cap below amx leaves bf16 linears to oneDNN, which is not "
+        "row-invariant there). The engine logs its kernel plan in engine_ready.",
     )
     decode_spin_us: int | None = Field(
         None,

@@ -10,9 +10,10 @@ import torch
 
 from inference.engine import Engine
 from inference.model_loader import load_model
+from inference.platform import this_cpu
 from inference.settings import EngineSettings
 from inference.types import CacheRegion, CacheSpec, SamplingParams
-from tests.inference.helpers import checked, random_prompt
+from tests.inference.helpers import checked, random_prompt, runnable_variants
 
 GREEDY_32 = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
@@ -209,3 +210,32 @@ def test_smollm2_knows_the_capital_of_france(smollm2):
     out = engine.generate(engine.tokenizer.encode(text), SamplingParams(max_tokens=32, temperature=0))
     assert "Paris" in out.text
     assert out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("isa", runnable_variants("paged_attention"))
+def test_every_kernel_variant_this_cpu_runs_keeps_warm_batched_output_equal_to_cold(
+    make_engine, tiny_llama_dir, isa, dtype
+):
+    """The exactness promise for each ISA variant the plan can pick (KVGATE_KERNEL_ISA caps it), in both dtypes."""
+    engine = make_engine(tiny_llama_dir, dtype=dtype, kernel_isa=isa)
+    assert engine.plan.variant("paged_attention") in (isa, "avx2")  # float32 pools take avx2 at most
+    if engine.plan.prompt_linear == "onednn_packed" and this_cpu().runs("amx"):
+        pytest.skip("below amx, an AMX CPU's bf16 linears are oneDNN's, whose sums follow the call's row count")
+    rng = random.Random(1700 + len(isa))
+    pairs = []
+    for _ in range(3):
+        base = random_prompt(rng, rng.randrange(40, 120))
+        pairs.append((base, base + random_prompt(rng, rng.randrange(20, 90))))
+    cold, warm_spec = CacheSpec(salt="cold"), CacheSpec(salt="warm")
+    colds = [checked(engine.generate(longer, GREEDY_32, cold)) for _, longer in pairs]
+    for base, _ in pairs:
+        checked(engine.generate(base, GREEDY_32, warm_spec))
+    for i, (_, longer) in enumerate(pairs):  # all at once: batched with each other, each reading its base
+        engine.add_request(f"w{i}", longer, GREEDY_32, warm_spec)
+    warm = {}
+    while engine.has_unfinished():
+        warm.update({o.request_id: checked(o.finished) for o in engine.step() if o.finished})
+    for i, c in enumerate(colds):
+        assert warm[f"w{i}"].usage.cached_tokens > 0 and c.usage.cached_tokens == 0
+        assert warm[f"w{i}"].token_ids == c.token_ids
