@@ -108,8 +108,9 @@ def main() -> None:
         *rows_out,
         "",
         "The AMX kernel's sums for a row depend on that row alone (tests/inference/test_amx_linear.py); oneDNN's "
-        "on AMX do not, which is why the plan runs the AMX kernel there and never oneDNN. F.linear bf16 repacks "
-        "its weight on every call; float32 is what the engine runs where it has no bf16 path.",
+        "on AMX do not, which is why the plan runs the AMX kernel there and never oneDNN. For gate_up the AMX "
+        "kernel also writes SiLU·up in its output stage; the other columns are the matmul alone. F.linear bf16 "
+        "repacks its weight on every call; float32 is what the engine runs where it has no bf16 path.",
     ]
     write_section("linear_rates", "Prompt rows' linears on this CPU (bench/linear_rates.py)", lines)
     print("\n".join(lines))
