@@ -24,12 +24,13 @@ import torch
 import torch.nn.functional as F
 
 from inference.cpu_attention import CpuPagedAttention, RowLayout
+from inference.paged_attention import SeqSlice
 from inference.platform import ATTENTION_CPU, ATTENTION_CUDA, ATTENTION_TORCH
 
 if TYPE_CHECKING:
     from inference.kernels import Kernels
     from inference.model_runner import Chunk
-    from inference.paged_attention import AttentionBatch, KVTensors, SeqSlice
+    from inference.paged_attention import AttentionBatch, KVTensors
 
 
 class AttentionBackend(ABC):
@@ -106,8 +107,6 @@ class TorchSdpaBackend(AttentionBackend):
     def prepare(
         self, chunks: Sequence[Chunk], row_seq: list[int], positions: list[int], num_decode: int, device: torch.device
     ) -> tuple[SeqSlice, ...]:
-        from inference.paged_attention import SeqSlice
-
         seqs, q = [], 0
         for chunk in chunks:
             n = len(chunk.token_ids)

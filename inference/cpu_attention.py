@@ -79,9 +79,6 @@ class CpuPagedAttention:
         """The kernel built for ISA variant isa (inference/platform.py); KernelBuildError if it does not build."""
         return cls(_library(str(cache_dir), isa), isa)
 
-    def supports(self, dtype: torch.dtype, head_dim: int, block_size: int) -> bool:
-        return dtype in (torch.float32, torch.bfloat16) and head_dim <= 256 and block_size <= 64
-
     def __call__(
         self,
         query: torch.Tensor,

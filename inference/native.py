@@ -17,13 +17,12 @@ import ctypes
 import fcntl
 import hashlib
 import os
-import shutil
 import subprocess
 import tempfile
 from functools import cache
 from pathlib import Path
 
-from inference.platform import ISA_CFLAGS, KERNEL_VARIANTS
+from inference.platform import ISA_CFLAGS, KERNEL_VARIANTS, find_compiler
 
 CSRC = Path(__file__).parent / "csrc"
 CFLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-fno-math-errno", "-std=c11")
@@ -34,7 +33,7 @@ class KernelBuildError(RuntimeError):
 
 
 def compiler() -> str:
-    found = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    found = find_compiler()
     if found is None:
         raise KernelBuildError("no C compiler (cc/gcc) on PATH")
     return found

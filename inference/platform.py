@@ -266,5 +266,10 @@ def _amx_permitted() -> bool:
     return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
 
 
+def find_compiler() -> str | None:
+    """The C compiler the kernels are built with: $CC, else cc or gcc on PATH."""
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 def have_compiler() -> bool:
-    return bool(os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc"))
+    return find_compiler() is not None
