@@ -211,7 +211,7 @@ def plan_kernels(
         isa["amx_linear"] = "amx"
 
     fused = 0
-    if native and (bf16_packed or dtype == "float32"):
+    if native and fused_ops_version and (bf16_packed or dtype == "float32"):
         variant = best_variant("fused_ops", cpu, cap)
         if variant is not None:
             fused, isa["fused_ops"] = fused_ops_version, variant

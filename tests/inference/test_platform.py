@@ -183,3 +183,10 @@ def test_this_machines_facts_agree_with_torch():
     cpu = this_cpu()
     assert onednn_has_bf16(cpu) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     assert [isa for isa in ISA_ORDER if cpu.runs(isa)] == list(ISA_ORDER[: len([i for i in ISA_ORDER if cpu.runs(i)])])
+
+
+def test_a_model_the_fused_ops_do_not_serve_loads_none_of_them():
+    p = plan_kernels(MACHINES["Zen4 (avx512_bf16)"], device="cpu", dtype="auto", settings=AUTO, fused_ops_version=0)
+    assert p.fused_ops == 0 and p.variant("fused_ops") is None and not p.fused_forward
+    assert p.decode_linear == "prompt"  # the decode kernel rides on the fused layers
+    assert plan("Zen4 (avx512_bf16)").variant("fused_ops") == "avx512bf16"  # paired positive
