@@ -127,7 +127,7 @@ def end_to_end(url: str, prefix: int, reps: int) -> tuple[list[str], str]:
         a.close()
         b.close()
         client = redis.Redis.from_url(url)
-        keys = list(client.scan_iter(match=f"kvg:v1:*-bench{suffix}:*", count=1000))
+        keys = list(client.scan_iter(match=f"kvg:v2:*-bench{suffix}:*", count=1000))
         if keys:
             client.delete(*keys)
         client.close()

@@ -13,6 +13,11 @@ where the filesystem supports it: on a CPU-bound host a buffered write costs twi
 the CPU (a copy into the page cache, then writeback), taken from the model's
 threads. Reads stay buffered, so a block read twice comes from the page cache.
 
+Records are sealed (disk_format, sealing): encrypted and authenticated under a key
+derived from the tier key (KVGATE_KV_TIER_KEY) and the block's salted hash. A record
+that does not open (damaged, forged, or under a key no longer configured) is a miss:
+counted in checksum_failures, logged at a bounded rate, and its header cleared.
+
 KV events (attach_events): stores, refreshes and removals are reported under the
 mutex, from whichever thread makes them, so their order is the index's order.
 """
@@ -36,10 +41,18 @@ import torch
 from inference.clock import Clock
 from inference.hashing import BlockHash
 from inference.tiers.base import Demote
-from inference.tiers.disk_format import RecordHeader, checksum, header_size, payload_offset, record_size
+from inference.tiers.disk_format import (
+    RecordHeader,
+    header_size,
+    open_payload,
+    payload_offset,
+    record_size,
+    seal_payload,
+)
 from inference.tiers.layout import BlockLayout
 from inference.tiers.lru_index import LruIndex, TierEntry
 from inference.tiers.offload_worker import OffloadWorker, WriteJob
+from inference.tiers.sealing import RejectLog, TierKeys
 from inference.tiers.staging import StagingPool
 from inference.tiers.stats import TierStats
 from inference.tiers.transfer import copy_block, wait
@@ -87,9 +100,12 @@ class DiskTier:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         staging_blocks: int = 0,
         pin_memory: bool = False,
+        keys: TierKeys | None = None,
     ) -> None:
         assert capacity > 0
         self.layout = layout
+        # None: this process's random key (tests and tools; the engine passes TierKeys.from_settings).
+        self.keys = keys if keys is not None else TierKeys.process_keys()
         self.clock = clock
         self.dir = Path(root) / f"kv-{layout.fingerprint}"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -108,6 +124,10 @@ class DiskTier:
         self._fds: dict[int, int] = {}  # buffered: reads, the start-up scan, header clears
         self._direct_fds: dict[int, int] = {}  # O_DIRECT (or buffered, where unsupported): record writes
         self._free_slots: list[int] = []
+        # Each indexed slot's payload seal (the header it was written with): read() opens the
+        # payload with it, and a refreshed header is re-sealed around it.
+        self._headers: dict[int, RecordHeader] = {}
+        self._rejects = RejectLog("kv_disk_record_rejected")
         self._closed = False
         self.events: BlockEvents | None = None
         self.medium = "DISK"
@@ -151,6 +171,7 @@ class DiskTier:
             pin_share=settings.kv_pin_share,
             staging_blocks=max(1, int(settings.kv_offload_staging_mib * 2**20) // layout.nbytes),
             pin_memory=pin_memory,
+            keys=TierKeys.from_settings(settings),
         )
 
     @property
@@ -285,15 +306,27 @@ class DiskTier:
                 os.posix_fadvise(fd, offset + self.payload_offset, self.layout.nbytes, os.POSIX_FADV_WILLNEED)
 
     def read(self, entry: TierEntry, out: np.ndarray) -> bool:
-        """Read a locked entry's payload into out (uint8, nbytes); False if short or its checksum fails."""
+        """Read a locked entry's payload into out (uint8, nbytes) and decrypt it; False if short or it fails to open.
+
+        On False out holds garbage: the caller must not use it.
+        """
         assert entry.locks > 0 and out.nbytes == self.layout.nbytes
         fd, offset = self._locate(entry.slot)
+        with self._mutex:
+            header = self._headers.get(entry.slot)
         try:
             n = os.preadv(fd, [out], offset + self.payload_offset)
         except OSError as exc:
             log.warning("kv_disk_read_failed", error=str(exc))
             n = -1
-        ok = n == out.nbytes and checksum(out) == entry.checksum
+        ok = (
+            n == out.nbytes
+            and header is not None
+            and header.block_hash == entry.block_hash
+            and open_payload(self.keys, header, out)
+        )
+        if not ok:
+            self._rejects(tier=self.name, reason="payload", slot=entry.slot)
         with self._mutex:
             if ok:
                 self.stats.loads += 1
@@ -323,10 +356,11 @@ class DiskTier:
             if slot is None:
                 self.stats.dropped_stores += 1
                 return
-        entry.checksum = checksum(payload)
+        # Sealed here, on the worker thread: encryption costs the engine thread nothing.
+        sealed = self._plain_header(entry).sealed(*seal_payload(self.keys, entry.block_hash, payload))
         entry.dirty = False  # the header written now is current
         try:
-            self._write_record(slot, entry, record)
+            self._write_record(slot, sealed, record)
         except OSError as exc:
             log.warning("kv_disk_write_failed", error=str(exc))
             with self._mutex:
@@ -335,6 +369,7 @@ class DiskTier:
             return
         with self._mutex:
             entry.slot = slot
+            self._headers[slot] = sealed
             self.index.add(entry)
             self._report_stored(entry)
             self.stats.stores += 1
@@ -346,11 +381,11 @@ class DiskTier:
         A hit or a re-store extends an entry's expiry in memory only. Rewritten, the
         longer expiry survives a restart, so a block read within its TTL is not purged
         at start-up as if it had not been used since it was written. A header page torn
-        by a crash fails its checksum: that block is lost, never loaded wrong.
+        by a crash fails its tag: that block is lost, never loaded wrong.
         """
         with self._mutex:
-            dirty = [e for e in self.index if e.dirty and e.locks == 0]
-            headers = [(e.slot, self._header(e)) for e in dirty]
+            dirty = [e for e in self.index if e.dirty and e.locks == 0 and e.slot in self._headers]
+            headers = [(e.slot, self._refreshed(e)) for e in dirty]
             for entry in dirty:
                 entry.dirty = False
         for slot, header in headers:
@@ -386,11 +421,13 @@ class DiskTier:
         if victim is None:
             return None
         self.index.remove(victim)
+        self._headers.pop(victim.slot, None)
         self._report_removed(victim)
         self.stats.evictions += 1
         return victim.slot
 
     def _drop(self, entry: TierEntry) -> None:
+        self._headers.pop(entry.slot, None)
         self.index.remove(entry)
         self._report_removed(entry)
         self._free_slots.append(entry.slot)
@@ -400,7 +437,7 @@ class DiskTier:
         self._drop(entry)
         self.stats.evictions += 1
 
-    def _header(self, entry: TierEntry) -> bytes:
+    def _plain_header(self, entry: TierEntry) -> RecordHeader:
         return RecordHeader(
             layout=self._layout_key,
             block_hash=entry.block_hash,
@@ -408,12 +445,18 @@ class DiskTier:
             last_used=entry.last_used,
             expires_at=entry.expires_at,
             payload_len=self.layout.nbytes,
-            payload_checksum=entry.checksum,
             token_ids=entry.token_ids,
-        ).pack()
+        )
 
-    def _write_record(self, slot: int, entry: TierEntry, record: np.ndarray) -> None:
-        header = self._header(entry)
+    def _refreshed(self, entry: TierEntry) -> bytes:
+        """The entry's header with its current TTL, expiry and last use, around its payload's seal (under the mutex)."""
+        old = self._headers[entry.slot]
+        new = self._plain_header(entry).sealed(old.key_id, old.payload_nonce, old.payload_tag)
+        self._headers[entry.slot] = new
+        return new.pack(self.keys)
+
+    def _write_record(self, slot: int, sealed: RecordHeader, record: np.ndarray) -> None:
+        header = sealed.pack(self.keys)
         record[: len(header)] = np.frombuffer(header, dtype=np.uint8)
         segment, index = divmod(slot, self.slots_per_segment)
         try:
@@ -496,6 +539,7 @@ class DiskTier:
             if old is not None:  # the same block twice (a crash between writes): keep the newer
                 self.index.remove(old)
                 used.discard(old.slot)
+                del self._headers[old.slot]
             entry = TierEntry(
                 block_hash=header.block_hash,
                 token_ids=header.token_ids,
@@ -503,9 +547,9 @@ class DiskTier:
                 expires_at=header.expires_at,
                 last_used=header.last_used,
                 slot=slot,
-                checksum=header.payload_checksum,
             )
             self.index.add(entry)
+            self._headers[slot] = header
             used.add(slot)
         self._free_slots = [s for s in range(self.capacity - 1, -1, -1) if s not in used]
         self.rebuild_s = time.perf_counter() - started
@@ -519,7 +563,10 @@ class DiskTier:
 
     def _read_header(self, slot: int) -> RecordHeader | None:
         fd, offset = self._locate(slot)
-        header = RecordHeader.unpack(os.pread(fd, self._header_size, offset), block_size=self.layout.block_size)
+        data = os.pread(fd, self._header_size, offset)
+        header = RecordHeader.unpack(data, block_size=self.layout.block_size, keys=self.keys)
         if header is None or header.layout != self._layout_key or header.payload_len != self.layout.nbytes:
+            if any(data):  # an empty slot (never written, or cleared) is no rejection
+                self._rejects(tier=self.name, reason="header", slot=slot)
             return None
         return header

@@ -1,15 +1,25 @@
 """The shared KV tier in Redis: blocks every engine of the same model reads and writes.
 
-Key: kvg:v1:{model fingerprint}:{layout fingerprint}:{block size}:{salted block hash hex}.
+Key: kvg:v2:{model fingerprint}:{layout fingerprint}:{block size}:{record name hex}.
 The model fingerprint (inference.model_fingerprint) makes two engines share blocks only
 when they would compute the same bytes; the layout fingerprint carries dtype, shape and
-LAYOUT_VERSION, as on disk; the salted chained hash keeps tenants apart (the salt is in
-the first block's hash, so another tenant's identical prompt has other keys).
+LAYOUT_VERSION, as on disk; the record name (sealing.TierKeys.name) is a keyed hash of
+the salted chained block hash, so tenants' keys differ (the salt is in the first block's
+hash) and no key name lets anyone without the tier key confirm a guessed prompt.
 
-Value: a header (disk_format.RecordHeader: layout, block hash, TTL, token ids, payload
-length and xxh3-64, its own checksum) padded to 64 bytes, then the block's KV bytes.
-A lookup reads the header only and checks the token ids exactly, as every tier does;
-a load checks the payload checksum, and a block that fails it is deleted and recomputed.
+Value: a sealed header (disk_format.RecordHeader: layout, block hash, TTL, token ids,
+the payload's nonce and tag, all encrypted) padded to 64 bytes, then the block's KV
+bytes, encrypted (AES-256-GCM under a key of the record's own, disk_format). A lookup
+reads the header only, opens it (its name must be the key it was read under, so a value
+copied under another block's or tenant's key does not open) and checks the token ids
+exactly, as every tier does; a load opens the payload. A value that does not open
+(forged, damaged, truncated, under an unknown key) is a miss: counted in
+checksum_failures, logged at a bounded rate, deleted, and recomputed.
+
+Key rotation (KVGATE_KV_TIER_PREVIOUS_KEYS): a lookup also tries each previous key's
+name for a block; a hit there loads from that key, and the next share() stores the
+block under the current key (the refresh of the current name finds nothing), so hot
+blocks move over while the old ones expire.
 
 Round trips, each a pipeline of up to chunk_blocks blocks:
 - lookup_many: GETRANGE (the header) + PTTL per block. Nothing is refreshed: the request
@@ -58,10 +68,11 @@ from inference.clock import Clock
 from inference.hashing import BlockHash
 from inference.tiers.base import Demote
 from inference.tiers.circuit_breaker import CircuitBreaker
-from inference.tiers.disk_format import RecordHeader, checksum, header_size
+from inference.tiers.disk_format import RecordHeader, header_size, open_payload, seal_payload
 from inference.tiers.layout import BlockLayout
 from inference.tiers.lru_index import TierEntry
 from inference.tiers.redis_writer import RedisWriter, RefreshJob, StoreJob, WriteJob
+from inference.tiers.sealing import RejectLog, TierKeys
 from inference.tiers.stats import TierStats
 from inference.tiers.transfer import copy_block, wait
 
@@ -72,7 +83,7 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
-KEY_VERSION = "kvg:v1"
+KEY_VERSION = "kvg:v2"  # v2: sealed records under keyed names (v1 values were plaintext)
 _HEADER_ALIGN = 64  # the payload starts aligned, so it can be viewed as any KV dtype in place
 _PREFETCH_KEEP_S = 60.0  # fetched blocks no admission took are dropped after this long
 _REFRESH_LAG_S = 60.0  # the most a shared copy's expiry may lag this engine's, to save PEXPIREs
@@ -103,9 +114,12 @@ class RedisTier:
         timeout_s: float = 0.5,
         breaker: CircuitBreaker | None = None,
         pin_memory: bool = False,
+        keys: TierKeys | None = None,
     ) -> None:
         assert capacity > 0 and chunk_blocks > 0
         self.client = client
+        # None: this process's random key (tests and tools; the engine passes TierKeys.from_settings).
+        self.keys = keys if keys is not None else TierKeys.process_keys()
         self.layout = layout
         self.clock = clock
         self.prefix = key_prefix(model_fingerprint, layout)
@@ -126,6 +140,9 @@ class RedisTier:
         # (its chunk's GETEX replies, its index there, when the fetch started).
         self._loads: dict[BlockHash, tuple[Future[list[bytes | None] | None], int, float]] = {}
         self._corrupt: set[BlockHash] = set()
+        # Hits found under a previous key's name (rotation), by block: where their load must read.
+        self._found_under: OrderedDict[BlockHash, str] = OrderedDict()
+        self._rejects = RejectLog("kv_redis_record_rejected")
         # A CUDA device's loads go through it (pinned, like the staging buffers).
         self._read_buffer = torch.empty(layout.nbytes, dtype=torch.uint8, pin_memory=pin_memory)
         # Values on their way to Redis, allocated once (a fresh buffer per block costs page
@@ -158,10 +175,13 @@ class RedisTier:
             queue_blocks=max(1, int(settings.kv_redis_queue_mib * 2**20) // layout.nbytes),
             timeout_s=timeout_s,
             pin_memory=pin_memory,
+            keys=TierKeys.from_settings(settings),
         )
 
-    def key(self, block_hash: BlockHash) -> str:
-        return f"{self.prefix}:{block_hash.hex()}"
+    def key(self, block_hash: BlockHash, key_id: int | None = None) -> str:
+        """The block's Redis key under a tier key (default: the current one, which every write uses)."""
+        name = self.keys.name(self.keys.current_id if key_id is None else key_id, block_hash)
+        return f"{self.prefix}:{name.hex()}"
 
     @property
     def capacity(self) -> int:
@@ -201,41 +221,69 @@ class RedisTier:
         return self.lookup_many([(block_hash, token_ids)], now)[0]
 
     def lookup_many(self, keys: Sequence[tuple[BlockHash, Sequence[int]]], now: float) -> list[TierEntry | None]:
-        """The entries of the first chunk_blocks of keys, in one round trip (headers and PTTLs only)."""
+        """The entries of the first chunk_blocks of keys, in one round trip (headers and PTTLs only).
+
+        Each block is looked up under the name of every key that may read (the current one
+        first); with no previous keys configured that is one name, as many commands as before.
+        """
         keys = keys[: self.chunk_blocks]
+        key_ids = self.keys.read_ids
+        names = [[self.key(block_hash, key_id) for key_id in key_ids] for block_hash, _ in keys]
 
         def send() -> list[object]:
             pipe = self.client.pipeline(transaction=False)
-            for block_hash, _ in keys:
-                key = self.key(block_hash)
-                pipe.getrange(key, 0, self._header_size - 1)
-                pipe.pttl(key)
+            for block_names in names:
+                for key in block_names:
+                    pipe.getrange(key, 0, self._header_size - 1)
+                    pipe.pttl(key)
             return pipe.execute()
 
         replies = self._call(send)
         if replies is None:
             return [None] * len(keys)
-        return [
-            self._entry(block_hash, tokens, replies[2 * i], replies[2 * i + 1], now)  # type: ignore[arg-type]
-            for i, (block_hash, tokens) in enumerate(keys)
-        ]
+        per_block = 2 * len(key_ids)
+        entries: list[TierEntry | None] = []
+        for i, (block_hash, tokens) in enumerate(keys):
+            found = replies[i * per_block : (i + 1) * per_block]
+            candidates = [(names[i][j], found[2 * j], found[2 * j + 1]) for j in range(len(key_ids))]
+            entries.append(self._entry(block_hash, tokens, candidates, now))  # type: ignore[arg-type]
+        return entries
 
     def _entry(
-        self, block_hash: BlockHash, tokens: Sequence[int], header: bytes, pttl: int, now: float
+        self, block_hash: BlockHash, tokens: Sequence[int], candidates: list[tuple[str, bytes, int]], now: float
     ) -> TierEntry | None:
-        if pttl == -2 or not header:  # no such key (never stored, expired, or evicted by Redis)
-            self._forget(block_hash, evicted=True)
-            return None
-        parsed = RecordHeader.unpack(header, block_size=self.layout.block_size)
-        if parsed is None or not self._matches(parsed, block_hash):
+        """The block's entry from the first of its candidate keys (name, header, PTTL) that holds a record."""
+        for key, header, pttl in candidates:
+            if pttl == -2 or not header:  # no such key (never stored, expired, or evicted by Redis)
+                continue
+            parsed = self._open_header(header, key, block_hash)
+            if parsed is None:
+                with self._lock:
+                    self.stats.checksum_failures += 1
+                self._rejects(tier=self.name, reason="header", key=key)
+                self._delete(block_hash, key)
+                continue
+            if parsed.token_ids != tuple(tokens):  # a hash collision: not this block
+                return None
+            return self._hit(block_hash, key, parsed, pttl, now)
+        self._forget(block_hash, evicted=True)
+        return None
+
+    def _open_header(self, header: bytes, key: str, block_hash: BlockHash) -> RecordHeader | None:
+        """The header read under key, if it opens, names that key and matches this block and layout."""
+        name = bytes.fromhex(key.rsplit(":", 1)[1])
+        parsed = RecordHeader.unpack(header, block_size=self.layout.block_size, keys=self.keys, name=name)
+        return parsed if parsed is not None and self._matches(parsed, block_hash) else None
+
+    def _hit(self, block_hash: BlockHash, key: str, parsed: RecordHeader, pttl: int, now: float) -> TierEntry:
+        if key != self.key(block_hash):  # under a previous key: its load reads there
             with self._lock:
-                self.stats.checksum_failures += 1
-            self._delete(block_hash)
-            return None
-        if parsed.token_ids != tuple(tokens):  # a hash collision: not this block
-            return None
+                self._found_under[block_hash] = key
+                self._found_under.move_to_end(block_hash)
+                while len(self._found_under) > self._capacity:
+                    self._found_under.popitem(last=False)
         expires_at = now + (pttl / 1000 if pttl >= 0 else parsed.ttl_s)
-        entry = TierEntry(block_hash, parsed.token_ids, parsed.ttl_s, expires_at, now, checksum=parsed.payload_checksum)
+        entry = TierEntry(block_hash, parsed.token_ids, parsed.ttl_s, expires_at, now)
         self._remember(block_hash, expires_at, ttl_s=parsed.ttl_s)
         return entry
 
@@ -275,7 +323,7 @@ class RedisTier:
             # The hit's TTL from now, but never shorter than what the key had at lookup
             # (another engine may have extended it for a longer TTL).
             pxs = [max(e.ttl_s * 1000, int((e.expires_at - now) * 1000), 1) for e in chunk]
-            keys = [self.key(e.block_hash) for e in chunk]
+            keys = [self._read_key(e.block_hash) for e in chunk]
             future = self._reader.submit(self._fetch, keys, pxs)
             for i, entry in enumerate(chunk):
                 self._loads[entry.block_hash] = (future, i, started)
@@ -305,42 +353,52 @@ class RedisTier:
         value = values[index] if values is not None else None
         if value is None:  # gone since the lookup, or Redis failed
             return False
-        if not self._verify(entry, value):
+        # Decrypted into the read buffer, never into dest: dest is written only with a block that opened.
+        if not self._open(entry, value, self._read_buffer.numpy()):
             with self._lock:
                 self.stats.checksum_failures += 1
+            self._rejects(tier=self.name, reason="payload", key=self._read_key(entry.block_hash))
             self._corrupt.add(entry.block_hash)
             return False
-        payload = np.frombuffer(value, dtype=np.uint8, count=self.layout.nbytes, offset=self.payload_offset)
         if dest.device.type == "cpu":
-            np.copyto(_bits(dest), payload.view(_bits(dest).dtype).reshape(dest.shape))
+            plain = self._read_buffer.numpy()
+            np.copyto(_bits(dest), plain.view(_bits(dest).dtype).reshape(dest.shape))
         else:
-            self._read_buffer.numpy()[:] = payload
             wait(copy_block(dest, self.layout.typed(self._read_buffer)))
         with self._lock:
             self.stats.loads += 1
             self.stats.bytes_read += self.layout.nbytes
         return True
 
-    def _verify(self, entry: TierEntry, value: bytes) -> bool:
+    def _open(self, entry: TierEntry, value: bytes, out: np.ndarray) -> bool:
+        """Open value (read under the entry's key) into out: its header, its token ids, then its payload."""
         if len(value) != self.payload_offset + self.layout.nbytes:
             return False
-        header = RecordHeader.unpack(value[: self._header_size], block_size=self.layout.block_size)
+        header = self._open_header(value[: self._header_size], self._read_key(entry.block_hash), entry.block_hash)
         return (
             header is not None
-            and self._matches(header, entry.block_hash)
             and header.token_ids == entry.token_ids
-            and checksum(memoryview(value)[self.payload_offset :]) == header.payload_checksum
+            and open_payload(self.keys, header, memoryview(value)[self.payload_offset :], out)
         )
+
+    def _read_key(self, block_hash: BlockHash) -> str:
+        """Where the block was found: a previous key's name, or (by default) the current one's."""
+        with self._lock:
+            return self._found_under.get(block_hash) or self.key(block_hash)
 
     def complete_load(self, entries: Sequence[TierEntry], *, failed: Sequence[TierEntry] = ()) -> None:
         """Forget the fetches; a failed entry is forgotten, and deleted from Redis if it was corrupt."""
         for entry in entries:
             self._loads.pop(entry.block_hash, None)
         for entry in failed:
+            key = self._read_key(entry.block_hash)
             self._forget(entry.block_hash, evicted=True)
             if entry.block_hash in self._corrupt:
                 self._corrupt.discard(entry.block_hash)
-                self._delete(entry.block_hash)
+                self._delete(entry.block_hash, key)
+        with self._lock:
+            for entry in entries:
+                self._found_under.pop(entry.block_hash, None)
 
     def touch(self, entries: Sequence[TierEntry]) -> None:
         """GETEX refreshed each key's expiry as it was read: note it in the local index."""
@@ -444,21 +502,25 @@ class RedisTier:
                 self._forget(job.entry.block_hash, evicted=True)
 
     def _value(self, job: StoreJob, wall: float) -> memoryview:
-        """The job's buffer with its header filled in (the payload is already there)."""
+        """The job's buffer sealed: its payload (already there) encrypted in place, its header filled in."""
         wait(job.fence)
         raw = self._staging[job.buffer].numpy()
         payload = raw[self.payload_offset :]
         entry = job.entry
-        header = RecordHeader(
-            layout=self._layout_key,
-            block_hash=entry.block_hash,
-            ttl_s=entry.ttl_s,
-            last_used=wall,
-            expires_at=wall + job.px_ms / 1000,  # informational: Redis's own expiry rules
-            payload_len=self.layout.nbytes,
-            payload_checksum=checksum(payload),
-            token_ids=entry.token_ids,
-        ).pack()
+        seal = seal_payload(self.keys, entry.block_hash, payload)  # on the writer thread, off the engine's
+        header = (
+            RecordHeader(
+                layout=self._layout_key,
+                block_hash=entry.block_hash,
+                ttl_s=entry.ttl_s,
+                last_used=wall,
+                expires_at=wall + job.px_ms / 1000,  # informational: Redis's own expiry rules
+                payload_len=self.layout.nbytes,
+                token_ids=entry.token_ids,
+            )
+            .sealed(*seal)
+            .pack(self.keys)
+        )
         raw[: len(header)] = np.frombuffer(header, dtype=np.uint8)
         raw[len(header) : self.payload_offset] = 0
         return memoryview(raw)
@@ -502,10 +564,15 @@ class RedisTier:
         self.breaker.success()
         return result
 
-    def _delete(self, block_hash: BlockHash) -> None:
-        """Drop a corrupt value (synchronously, so the next lookup cannot find it again)."""
+    def _delete(self, block_hash: BlockHash, key: str) -> None:
+        """Drop a value that does not open (synchronously, so the next lookup cannot find it again).
+
+        Left there, it would also keep the block out for good: stores are SET NX.
+        """
         self._forget(block_hash, evicted=True)
-        self._call(lambda: self.client.delete(self.key(block_hash)))
+        with self._lock:
+            self._found_under.pop(block_hash, None)
+        self._call(lambda: self.client.delete(key))
 
     def _remember(
         self, block_hash: BlockHash, expires_at: float, *, ttl_s: int, parent: BlockHash | None = None

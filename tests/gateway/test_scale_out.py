@@ -106,6 +106,8 @@ def cluster(tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
             "KVGATE_NATS_URL": nats.url,
             "KVGATE_KV_REDIS_URL": redis_server.url,
             "KVGATE_KV_REDIS_TIMEOUT_MS": "10000",  # a loaded machine: a slow reply must not be a miss
+            # One tier key for all three: each process's own random key would share nothing.
+            "KVGATE_KV_TIER_KEY": "scale-out-test-tier-key-0123456789",
         }
         engines = [EngineServer(f"engine-{i}", tiny_llama_dir, root, **engine_settings) for i in range(3)]
         started.extend(engines)
@@ -315,7 +317,7 @@ def test_prefix_routing_events_resync_failover_to_redis_and_billing_across_two_g
     try:
         wait_for(
             lambda: (
-                len(list(store.scan_iter(match="kvg:v1:*", count=1000))) >= (2 * prefix_tokens + extra_tokens) // BLOCK
+                len(list(store.scan_iter(match="kvg:v2:*", count=1000))) >= (2 * prefix_tokens + extra_tokens) // BLOCK
             ),
             "the blocks to be in Redis",
         )

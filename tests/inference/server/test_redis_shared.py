@@ -31,7 +31,7 @@ def two_servers(tiny_llama_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterat
         with serve(settings) as a, serve(settings) as b:
             yield a, b
     finally:
-        keys = list(client.scan_iter(match=f"kvg:v1:*-{suffix}:*", count=1000))
+        keys = list(client.scan_iter(match=f"kvg:v2:*-{suffix}:*", count=1000))
         if keys:
             client.delete(*keys)
         client.close()

@@ -83,6 +83,6 @@ def shared(
     yield make
     for engine in engines:
         engine.close()
-    keys = list(redis_client.scan_iter(match=f"kvg:v1:*-{suffix}-*", count=1000))
+    keys = list(redis_client.scan_iter(match=f"kvg:v2:*-{suffix}-*", count=1000))
     if keys:
         redis_client.delete(*keys)
