@@ -14,7 +14,7 @@ and adds the real cost in the same transaction that writes the ledger entry.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 
@@ -136,7 +136,7 @@ async def limits_for(*, session: AsyncSession, tenant_id: str, api_key_id: str |
         if key_budget is not None and key_budget.monthly_limit_pico is not None:
             checks.append((CounterKey(KEY_MONTH, api_key_id, period_key(month)), key_budget.monthly_limit_pico))
     # One lock order for every transaction, so concurrent admissions cannot deadlock.
-    return Limits(checks=tuple(sorted(checks, key=lambda c: (c[0].scope, c[0].owner_id, c[0].period))))
+    return Limits(checks=tuple(sorted(checks, key=lambda c: counter_order(c[0]))))
 
 
 async def reserve(
@@ -208,6 +208,48 @@ async def reserve(
     return Reservation(request_id=request_id, amount_pico=amount_pico, counters=counters, balances=tuple(balances))
 
 
+def counter_order(counter: CounterKey) -> tuple[str, str, str]:
+    """The one order every transaction takes counter row locks in (admission, release, spend,
+    settlement, spool replay), so no two of them can wait on each other in a cycle."""
+    return (counter.scope, counter.owner_id, counter.period)
+
+
+def spend_counters(*, tenant_id: str, api_key_id: str | None, billing_month: date) -> list[CounterKey]:
+    """The counters add_spend() moves for an entry of this tenant and key in this month, in lock order."""
+    counters = [
+        CounterKey(TENANT_MONTH, tenant_id, period_key(billing_month)),
+        CounterKey(TENANT_CREDIT, tenant_id, ALL_TIME),
+    ]
+    if api_key_id is not None:
+        counters.append(CounterKey(KEY_MONTH, api_key_id, period_key(billing_month)))
+    return sorted(counters, key=counter_order)
+
+
+async def lock_reservation(*, session: AsyncSession, request_id: str) -> BudgetReservation | None:
+    """Lock a request's reservation row (if it has one) before any counter: release() and the stale
+    sweep take the reservation first too, so settling cannot deadlock with them."""
+    return await session.scalar(
+        select(BudgetReservation).where(BudgetReservation.request_id == request_id).with_for_update()
+    )
+
+
+def reservation_counters(reservation: BudgetReservation) -> list[CounterKey]:
+    return _reservation_counters(reservation)
+
+
+async def lock_counters(*, session: AsyncSession, counters: Iterable[CounterKey]) -> None:
+    """Create (if missing) and row-lock these counters, one at a time in counter_order.
+
+    A settlement touches counters in two passes (release, then spend) whose sorted orders
+    differ when the reservation held only some of them; taking every lock up front in one
+    order is what keeps live settlements and spool replays from deadlocking on budget_counters.
+    SQLite has one write lock for the whole database: FOR UPDATE is not emitted there.
+    """
+    for counter in sorted(set(counters), key=counter_order):
+        await _ensure_counter(session, counter)
+        await session.execute(select(BudgetCounter.scope).where(_counter_row(counter)).with_for_update())
+
+
 async def release(*, session: AsyncSession, request_id: str) -> int:
     """Drop a request's reservation (if any) from its counters; returns the amount released."""
     reservation = await session.scalar(
@@ -237,13 +279,7 @@ async def add_spend(
     """
     if cost_pico == 0:
         return
-    counters = [
-        CounterKey(TENANT_MONTH, tenant_id, period_key(billing_month)),
-        CounterKey(TENANT_CREDIT, tenant_id, ALL_TIME),
-    ]
-    if api_key_id is not None:
-        counters.append(CounterKey(KEY_MONTH, api_key_id, period_key(billing_month)))
-    for counter in sorted(counters, key=lambda c: (c.scope, c.owner_id, c.period)):
+    for counter in spend_counters(tenant_id=tenant_id, api_key_id=api_key_id, billing_month=billing_month):
         await _ensure_counter(session, counter)
         await session.execute(
             update(BudgetCounter).where(_counter_row(counter)).values(spent_pico=BudgetCounter.spent_pico + cost_pico)
@@ -331,10 +367,7 @@ def _reservation_counters(reservation: BudgetReservation) -> list[CounterKey]:
     }
     periods = {TENANT_MONTH: reservation.period, KEY_MONTH: reservation.period, TENANT_CREDIT: ALL_TIME}
     scopes = [s for s in reservation.scopes.split(",") if s]
-    return sorted(
-        (CounterKey(s, owners[s] or "", periods[s]) for s in scopes),
-        key=lambda c: (c.scope, c.owner_id, c.period),
-    )
+    return sorted((CounterKey(s, owners[s] or "", periods[s]) for s in scopes), key=counter_order)
 
 
 async def _ensure_counter(session: AsyncSession, counter: CounterKey) -> None:

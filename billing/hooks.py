@@ -221,7 +221,10 @@ def create_billing_hooks(
     if "spool_path" not in billing_settings.model_fields_set:
         billing_settings = billing_settings.model_copy(update={"spool_path": default_spool_path(settings.database_url)})
     book = _prepare_catalog(settings.database_url, billing_settings)
-    hooks = GatewayBilling(BillingService(sessions=sessions, settings=billing_settings, pricebook=book))
+    service = BillingService(
+        sessions=sessions, settings=billing_settings, pricebook=book, write_timeout_s=settings.usage_write_timeout_s
+    )
+    hooks = GatewayBilling(service)
     with contextlib.suppress(RuntimeError):  # no running loop: the caller starts upkeep itself
         hooks.start()
     return hooks

@@ -108,15 +108,21 @@ async def record_usage(
     version: PriceVersion,
     source: str,
     now: datetime | None = None,
+    billing_month: date | None = None,
 ) -> RecordResult:
-    """Append the usage entry for a request, or find the one already there. Caller commits."""
+    """Append the usage entry for a request, or find the one already there. Caller commits.
+
+    billing_month: from billing_month_for() in this transaction, when the caller already
+    asked (to know which budget counters to lock first); otherwise it is decided here.
+    """
     now = now or utcnow()
     existing = await _find(session, charge.request_id, EntryKind.USAGE)
     if existing is not None:
         return _result(existing, inserted=False)
-    billing_month = await billing_month_for(
-        session=session, tenant_id=charge.tenant_id, started_at=charge.started_at, now=now
-    )
+    if billing_month is None:
+        billing_month = await billing_month_for(
+            session=session, tenant_id=charge.tenant_id, started_at=charge.started_at, now=now
+        )
     counts = charge.counts
     values = {
         "request_id": charge.request_id,
@@ -187,6 +193,11 @@ async def reverse_usage(
     entry = await _find(session, request_id, EntryKind.REVERSAL)
     assert entry is not None
     return _result(entry, inserted=inserted)
+
+
+async def find_entry(*, session: AsyncSession, request_id: str, kind: EntryKind) -> LedgerEntry | None:
+    """The request's entry of this kind, if it has one."""
+    return await _find(session, request_id, kind)
 
 
 async def _find(session: AsyncSession, request_id: str, kind: EntryKind) -> LedgerEntry | None:

@@ -33,7 +33,9 @@ class BillingMetrics:
     def __init__(self, *, tenant_label: bool = True) -> None:
         self.tenant_label = tenant_label
         self.spooled = Counter(
-            "kvgate_billing_spooled", "Settlements written to the local spool (database unavailable).", registry=None
+            "kvgate_billing_spooled",
+            "Settlements written to the local spool (database unavailable, too slow, or a lost race).",
+            registry=None,
         )
         self.replayed = Counter(
             "kvgate_billing_replayed",
@@ -41,6 +43,15 @@ class BillingMetrics:
             ["outcome"],
             registry=None,
         )
+        self.conflicts = Counter(
+            "kvgate_billing_settlement_conflicts",
+            "Live settlements that lost a transaction race (deadlock, serialization failure, SQLite lock), by "
+            "outcome: retried (run again), spooled (still losing after the retries: replayed from the spool).",
+            ["outcome"],
+            registry=None,
+        )
+        for outcome in ("retried", "spooled"):  # both series from the start, at 0
+            self.conflicts.labels(outcome)
         self.fail_open = Counter(
             "kvgate_billing_admit_fail_open",
             "Requests admitted from the in-memory budgets (database unavailable).",
@@ -77,5 +88,14 @@ class BillingMetrics:
         savings.inc(price.read_savings_pico(charge.counts) / PICO_PER_USD)
 
     def collect(self) -> Iterable[Metric]:
-        for counter in (self.spooled, self.replayed, self.fail_open, self.duplicates, self._spend, self._savings):
+        counters = (
+            self.spooled,
+            self.replayed,
+            self.conflicts,
+            self.fail_open,
+            self.duplicates,
+            self._spend,
+            self._savings,
+        )
+        for counter in counters:
             yield from counter.collect()

@@ -26,12 +26,13 @@ from billing.outage_budgets import BudgetUnknownError, OutageBudgets
 from billing.periods import month_start
 from billing.pricebook import NoPriceError, PriceBook
 from billing.prices import PriceVersion
+from billing.retries import retry_conflicts
 from billing.settings import BillingSettings
 from billing.settlement import Settlement, settle_charge
 from billing.spool import ReplayResult, Spool
-from kvgate.db import insert_ignore, utcnow
-from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable
-from kvgate.tenancy import UsageRecord
+from billing.spool_replay import SpoolReplayer
+from kvgate.db import utcnow
+from kvgate.db_health import DatabaseHealth, health_of, is_database_unavailable, is_transaction_conflict
 from kvgate.usage import TTL_CLASSES
 
 __all__ = ["BillingService", "BudgetUnavailableError", "SettleOutcome", "is_database_unavailable"]
@@ -61,8 +62,14 @@ class BillingService:
         pricebook: PriceBook,
         clock: Callable[[], datetime] = utcnow,
         health: DatabaseHealth | None = None,
+        write_timeout_s: float | None = None,
     ) -> None:
+        """write_timeout_s: how long a live settlement may take before its record goes to the spool
+        instead (KVGATE_USAGE_WRITE_TIMEOUT_S); None: the database timeouts alone bound it."""
         self.sessions = sessions
+        self.write_timeout_s = write_timeout_s
+        # Live settlements that outlived write_timeout_s, still running (their record is spooled).
+        self._late: set[asyncio.Task[Settlement]] = set()
         self.settings = settings
         self.pricebook = pricebook
         self.spool = Spool(settings.spool_path)
@@ -74,6 +81,9 @@ class BillingService:
         self.metrics = BillingMetrics(tenant_label=settings.metrics_tenant_label)
         # Releases the database could not take (the engine refused a request during an outage).
         self._deferred_releases: set[str] = set()
+        self._replayer = SpoolReplayer(
+            sessions=sessions, spool=self.spool, metrics=self.metrics, version_by_id=self._version_by_id, clock=clock
+        )
 
     @classmethod
     async def start(
@@ -236,17 +246,23 @@ class BillingService:
             self._deferred_releases.discard(request_id)
 
     async def settle(self, charge: UsageCharge) -> SettleOutcome:
-        """Write the ledger entry and settle the budget; spool it if the database is away."""
+        """Write the ledger entry and settle the budget, or spool it: the settlement is durable (in the
+        database or in the spool file) before this returns, whatever the database does.
+
+        It goes to the spool when the database is away, when it takes longer than write_timeout_s,
+        and when it keeps losing transaction races (deadlock, serialization failure) after
+        billing.retries' bounded retries. The upkeep loop replays the spool without a restart.
+        """
         version = self.price_for(charge.model, charge.started_at)
         if self.health.should_try():
             try:
-                async with self.sessions() as session:
-                    settlement = await settle_charge(
-                        session=session, charge=charge, version=version, source="live", now=self._clock()
-                    )
-                    await session.commit()
+                settlement = await self._settle_live(charge, version)
             except Exception as error:
-                if not self.health.observe(error):
+                if is_transaction_conflict(error):
+                    # The database is there (no outage to report): this request just kept losing.
+                    self.metrics.conflicts.labels(outcome="spooled").inc()
+                    log.warning("billing.settlement_conflict_spooled", request_id=charge.request_id, error=str(error))
+                elif not self.health.observe(error):
                     raise
             else:
                 self.health.succeeded()
@@ -264,6 +280,38 @@ class BillingService:
         self.outage.spooled(request_id=charge.request_id, cost_pico=cost)
         log.debug("billing.settlement_spooled", request_id=charge.request_id)
         return SettleOutcome(cost_pico=cost, price_version_id=version.id, spooled=True, duplicate=False)
+
+    async def _settle_live(self, charge: UsageCharge, version: PriceVersion) -> Settlement:
+        """One live settlement, retried on transaction conflicts; TimeoutError past write_timeout_s."""
+
+        async def attempt() -> Settlement:
+            async with self.sessions() as session:
+                settlement = await settle_charge(
+                    session=session, charge=charge, version=version, source="live", now=self._clock()
+                )
+                await session.commit()
+            return settlement
+
+        def retried(_: BaseException) -> None:
+            self.metrics.conflicts.labels(outcome="retried").inc()
+
+        work = asyncio.ensure_future(retry_conflicts(attempt, what="settlement", on_retry=retried))
+        if self.write_timeout_s is None:
+            return await work
+        # Not cancelled on timeout: cancelling a session mid-statement on a stalled connection would
+        # wait on its rollback as long as the statement itself. It runs on, and if it commits late
+        # the replay of the spooled copy finds the ledger entry and adds nothing (unique request id).
+        done, _ = await asyncio.wait({work}, timeout=self.write_timeout_s)
+        if work in done:
+            return work.result()
+        self._late.add(work)
+        work.add_done_callback(self._late_settlement_done)
+        raise TimeoutError(f"the settlement took longer than {self.write_timeout_s} s")
+
+    def _late_settlement_done(self, task: asyncio.Task[Settlement]) -> None:
+        self._late.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # its spooled copy stands in for it
+            log.debug("billing.late_settlement_failed", error=str(task.exception()))
 
     def quote(self, charge: UsageCharge) -> SettleOutcome:
         """The cost of a charge from the in-memory catalog, touching no database."""
@@ -283,13 +331,12 @@ class BillingService:
         self.outage.spooled(request_id=charge.request_id, cost_pico=outcome.cost_pico)
         return outcome
 
-    # -- spool -----------------------------------------------------------------------
-
     async def replay_spool(self) -> ReplayResult:
         try:
-            result = await self.spool.replay(self._apply_spooled)
+            result = await self.spool.replay(self._replayer.apply)
         except Exception as error:
-            self.health.observe(error)
+            if not is_transaction_conflict(error):  # a lost race is no outage
+                self.health.observe(error)
             raise
         if result.records:  # they reached the database: it is back
             self.health.succeeded()
@@ -297,54 +344,12 @@ class BillingService:
             self.outage.reconciled()  # the database now counts what was spent meanwhile
         return result
 
-    async def _apply_spooled(self, records: list[dict[str, Any]]) -> int:
-        """Settle a batch in one transaction. A record the database refuses (not merely an outage)
-        is set aside in the spool's .rejected file rather than retried forever."""
-        try:
-            return await self._apply_batch(records)
-        except Exception as error:
-            if is_database_unavailable(error):
-                raise
-            if len(records) > 1:  # isolate the bad record(s), apply the rest
-                return sum([await self._apply_spooled([record]) for record in records])
-            await asyncio.to_thread(self.spool.set_aside, records, repr(error))
-            self.metrics.replayed.labels(outcome="rejected").inc()
-            log.error("billing.spool_record_rejected", record=records[0], error=repr(error))
-            return 0
-
-    async def _apply_batch(self, records: list[dict[str, Any]]) -> int:
-        applied = 0
-        settled: list[tuple[UsageCharge, PriceVersion, Settlement]] = []
-        async with self.sessions() as session:
-            for record in records:
-                charge, version_id = spool_records.parse_spool_record(record)
-                version = await self._version_by_id(version_id)
-                if "usage_record" in record:
-                    inserted = await insert_ignore(
-                        session, UsageRecord, spool_records.usage_record_values(record["usage_record"]), ["request_id"]
-                    )
-                    if not inserted:
-                        charge = await spool_records.charge_of_stored_record(session, charge)
-                settlement = await settle_charge(
-                    session=session, charge=charge, version=version, source="spool", now=self._clock()
-                )
-                applied += settlement.inserted
-                settled.append((charge, version, settlement))
-            await session.commit()
-        for charge, version, settlement in settled:  # committed: now they count
-            self.metrics.settled(charge, version, settlement)
-        self.metrics.replayed.labels(outcome="applied").inc(applied)
-        self.metrics.replayed.labels(outcome="duplicate").inc(len(records) - applied)
-        return applied
-
     async def _version_by_id(self, version_id: int) -> PriceVersion:
         try:
             return self.pricebook.by_id(version_id)
         except NoPriceError:
             await self.refresh_prices()  # added by another process since we loaded the catalog
             return self.pricebook.by_id(version_id)
-
-    # -- upkeep ------------------------------------------------------------------------
 
     async def release_stale_reservations(self) -> int:
         released = 0
@@ -385,7 +390,9 @@ class BillingService:
                     if self.settings.auto_finalize_invoices:
                         await self.finalize_due_invoices()
             except Exception as error:  # the loop must outlive a database outage
-                if self.health.observe(error):  # logged once per outage by the health
+                if is_transaction_conflict(error):  # the replay kept losing races: the next round redoes it
+                    log.warning("billing.spool_replay_conflict", error=str(error)[:300])
+                elif self.health.observe(error):  # logged once per outage by the health
                     log.debug("billing.upkeep_failed", error=str(error))
                 else:
                     log.exception("billing.upkeep_failed", error=str(error))

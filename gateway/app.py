@@ -144,7 +144,11 @@ def create_app(
             attach_metrics(registry)
         await engine.start()
         hooks = billing or _build_billing(billing_factory, sessions, settings)
-        own_recorder = DatabaseUsageRecorder(settings.database_url) if recorder is None else None
+        own_recorder = (
+            DatabaseUsageRecorder(settings.database_url, write_timeout_s=settings.usage_write_timeout_s)
+            if recorder is None
+            else None
+        )
         usage_recorder = recorder or own_recorder
         wrap = getattr(hooks, "wrap_recorder", None)
         if wrap is not None:

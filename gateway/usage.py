@@ -49,15 +49,27 @@ class DatabaseUsageRecorder:
     queueing one per request.
     """
 
-    def __init__(self, database_url: str, *, max_batch: int = 500, timeouts: DatabaseSettings | None = None) -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        max_batch: int = 500,
+        timeouts: DatabaseSettings | None = None,
+        write_timeout_s: float | None = None,
+    ) -> None:
         # A synchronous engine driven from a worker thread: one thread hop per batch, where
         # the asyncio drivers take one per statement (begin, insert, commit, close).
         timeouts = timeouts or DatabaseSettings()
         self._engine = create_sync_engine(database_url, pool_size=1, max_overflow=0, timeouts=timeouts)
         # psycopg cannot time out a statement on a connection whose server stopped answering,
         # so the wait for a batch is bounded here; the worker thread is freed when the
-        # connection finally breaks, and a late commit is harmless (inserts ignore repeats).
-        self._write_timeout_s = timeouts.request_timeout_s + timeouts.pool_timeout_s
+        # connection finally breaks, and a late commit is harmless (inserts ignore repeats,
+        # and the spooled copy's replay finds the row and settles it once).
+        # write_timeout_s (KVGATE_USAGE_WRITE_TIMEOUT_S) is the short bound the gateway uses, so
+        # that a finished response waits seconds, not every database timeout added up, before
+        # its record goes to the spool; without it, those timeouts are the bound.
+        longest = timeouts.request_timeout_s + timeouts.pool_timeout_s
+        self._write_timeout_s = longest if write_timeout_s is None else min(write_timeout_s, longest)
         self._max_batch = max_batch
         insert = dialect_insert(self._engine.dialect.name)
         self._insert = (

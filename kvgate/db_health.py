@@ -57,6 +57,24 @@ def _sqlstate(error: sa_exc.DBAPIError) -> str | None:
     return code if isinstance(code, str) else None
 
 
+# PostgreSQL SQLSTATEs of a transaction that lost to a concurrent one: deadlock_detected and
+# serialization_failure. The server rolled it back; the same transaction run again can succeed.
+TRANSACTION_CONFLICT_SQLSTATES = frozenset({"40P01", "40001"})
+
+
+def is_transaction_conflict(error: BaseException) -> bool:
+    """A deadlock or serialization failure (PostgreSQL), or SQLite's write lock still taken when its
+    busy timeout ran out: the transaction lost a race, the database is there. Retry it."""
+    if not isinstance(error, sa_exc.DBAPIError):
+        return False
+    if _sqlstate(error) in TRANSACTION_CONFLICT_SQLSTATES:
+        return True
+    message = str(error.orig).lower()
+    return isinstance(error, sa_exc.OperationalError) and (
+        "database is locked" in message or "database table is locked" in message
+    )
+
+
 def is_database_unavailable(error: BaseException) -> bool:
     """Errors that mean 'the database is not there right now' (retry later), not 'this statement is wrong'."""
     if isinstance(error, sa_exc.DBAPIError):

@@ -19,6 +19,14 @@ class KvgateSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KVGATE_", env_file=ENV_FILE, extra="ignore")
 
     database_url: str = Field(DEFAULT_DATABASE_URL, description="sqlite:///path or postgresql://...")
+    usage_write_timeout_s: float = Field(
+        3.0,
+        gt=0,
+        le=600,
+        description="A request's usage record or ledger settlement that the database has not taken within this "
+        "many seconds goes to the local spool instead (replayed later, exactly once), so a stalled database holds "
+        "a finished response this long at most; it also marks the database unavailable, as a failed write does.",
+    )
     redis_url: str | None = Field(
         None,
         description="Redis shared by the gateways: rate-limit buckets, and auth-cache evictions on revoke or "

@@ -93,6 +93,11 @@ class UsageView:
         return urlencode({name: value for name, value in values.items() if value})
 
 
+# The days a custom range may name: from the Unix epoch (no usage is older) to the end of year 9998.
+FIRST_DAY = date(1970, 1, 1)
+LAST_DAY = date(9998, 12, 31)
+
+
 def parse_view(params: QueryParams, *, now: datetime) -> UsageView:
     """The view a query string asks for; the default is month to date, by model, in tokens."""
     preset = params.get("preset") or ("custom" if params.get("start") else "mtd")
@@ -152,6 +157,11 @@ def _day(params: QueryParams, name: str) -> date:
     if not value:
         raise ViewError(f"a custom range needs {name} (YYYY-MM-DD)")
     try:
-        return date.fromisoformat(value)
+        day = date.fromisoformat(value)
     except ValueError:
         raise ViewError(f"{name} is not a date (YYYY-MM-DD): {value[:40]!r}") from None
+    # A range ends at the midnight after its last day, and the page steps around it: a day at
+    # datetime's edge (year 1, 9999-12-31) overflowed there and gave a 500.
+    if not FIRST_DAY <= day <= LAST_DAY:
+        raise ViewError(f"{name} must be between {FIRST_DAY.isoformat()} and {LAST_DAY.isoformat()}")
+    return day

@@ -90,8 +90,11 @@ class GatedEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-    def submit(self, prompt_token_ids: Sequence[int], params: Any, cache: Any, request_id: str | None = None) -> Any:
-        return GatedHandle(self._inner.submit(prompt_token_ids, params, cache, request_id=request_id), self._gate)
+    def submit(
+        self, prompt_token_ids: Sequence[int], params: Any, cache: Any, request_id: str | None = None, share: Any = None
+    ) -> Any:
+        inner = self._inner.submit(prompt_token_ids, params, cache, request_id=request_id, share=share)
+        return GatedHandle(inner, self._gate)
 
 
 @pytest.fixture(scope="module")

@@ -309,6 +309,13 @@ def test_scopes_on_keys_and_adding_one(server):
         ({"page": "not-a-cursor"}, "page"),
         ({"page": "17"}, "page"),
         ({"end_time": 1}, "end_time"),
+        # Far future (year 9999 overflowed the bucket arithmetic: a 500), far past, absurdly large.
+        ({"start_time": 253_402_300_000}, "start_time"),
+        ({"start_time": 253_402_300_799, "end_time": 253_402_300_799}, "start_time"),
+        ({"end_time": 253_402_300_799}, "end_time"),
+        ({"start_time": -62_135_596_800}, "start_time"),
+        ({"start_time": 10**40}, "start_time"),
+        ({"end_time": -(10**40)}, "end_time"),
     ],
 )
 def test_bad_parameters_are_400s_in_openais_shape(server, tenant_a, params, param):
@@ -316,11 +323,27 @@ def test_bad_parameters_are_400s_in_openais_shape(server, tenant_a, params, para
     query = {
         name: value for name, value in {"start_time": int(time.time()) - 86400, **params}.items() if value is not None
     }
-    bad = raw_get(server, reader, "/organization/usage/completions", **query)
-    assert bad.status_code == 400, bad.text
-    assert bad.json()["error"]["type"] == "invalid_request_error" and bad.json()["error"]["param"] == param
+    # The times are parsed alike for costs (its widths and limits differ, so only those are shared).
+    paths = ["/organization/usage/completions", *(["/organization/costs"] if param.endswith("_time") else [])]
+    for path in paths:
+        bad = raw_get(server, reader, path, **query)
+        assert bad.status_code == 400, (path, bad.text)
+        assert bad.json()["error"]["type"] == "invalid_request_error" and bad.json()["error"]["param"] == param
     good = raw_get(server, reader, "/organization/usage/completions", start_time=int(time.time()) - 86400)
     assert good.status_code == 200
+
+
+def test_the_latest_accepted_times_answer(server, tenant_a):
+    """The last second accepted (end of year 9998) still answers 200 on both APIs, every width."""
+    _, _, reader = tenant_a
+    latest = 253_370_764_799
+    for path, widths in (
+        ("/organization/usage/completions", ("1m", "1h", "1d")),
+        ("/organization/costs", ("1h", "1d")),
+    ):
+        for width in widths:
+            r = raw_get(server, reader, path, start_time=latest - 60, end_time=latest, bucket_width=width)
+            assert r.status_code == 200, (path, width, r.text)
 
 
 def test_costs_take_days_and_hours_only(server, tenant_a):

@@ -108,6 +108,11 @@ def test_bad_views_are_a_400_with_the_reason(client) -> None:  # type: ignore[no
         ("start=2026-13-01&end=2026-10-01", "start is not a date"),
         ("start=2020-01-01&end=2026-10-01", "at most 400 days"),
         ("unit=eur", "unit must be one of"),
+        # Days at datetime's edges overflowed the range's arithmetic (a 500), far future and far past.
+        ("start=9999-12-31&end=9999-12-31", "start must be between 1970-01-01 and 9998-12-31"),
+        ("start=9999-12-01&end=9999-12-31", "start must be between"),
+        ("start=2026-10-01&end=9999-12-31", "end must be between"),
+        ("start=0001-01-01&end=0001-01-02", "start must be between"),
     ):
         for path in ("/usage", "/usage.csv", "/cache"):
             response = client.get(f"{path}?{query}")

@@ -55,7 +55,10 @@ CallerDep = Annotated[Caller, Depends(get_caller)]
 COMPLETIONS_LIMITS: dict[str, tuple[int, int]] = {"1m": (60, 1440), "1h": (24, 168), "1d": (7, 31)}
 # OpenAI's costs API has days only (default 7, max 180); kvgate also answers by hour.
 COSTS_LIMITS: dict[str, tuple[int, int]] = {"1h": (24, 168), "1d": (7, 180)}
-LATEST_UNIX_S = 253_402_300_799  # 9999-12-31T23:59:59Z: datetime's last second
+# 9998-12-31T23:59:59Z. Not datetime's last second (9999-12-31T23:59:59Z): a range must still have
+# room after it for rounding its end up to a whole bucket and a page of up to 180 days, which past
+# year 9999 overflows datetime (that was a 500). Negative times (before 1970) are refused too.
+LATEST_UNIX_S = 253_370_764_799
 
 
 @dataclass(frozen=True)
