@@ -18,6 +18,7 @@ import collections
 import contextlib
 import threading
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 import structlog
 
@@ -26,6 +27,15 @@ from kvgate.kv_events import KVEventBatch
 
 if TYPE_CHECKING:
     from inference.engine import Engine
+
+
+def credentials_hidden(url: str) -> str:
+    """The URL as logs may show it: a token or password (nats://TOKEN@host) replaced by ***."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rsplit("@", 1)[1]))
+
 
 log = structlog.get_logger(__name__)
 
@@ -208,14 +218,19 @@ class KVEventPublisher:
                 )
             except Exception as exc:
                 if failures == 0:
-                    log.warning("kv_events_nats_unreachable", url=self.url, error=repr(exc))
+                    log.warning("kv_events_nats_unreachable", url=credentials_hidden(self.url), error=repr(exc))
                 failures += 1
                 self._mark(down=True)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, self.max_backoff_s)
                 continue
             self._nc, self._js, self._stream_ok = nc, nc.jetstream(), False
-            log.info("kv_events_nats_connected", url=self.url, subject=self.subject, after_failures=failures)
+            log.info(
+                "kv_events_nats_connected",
+                url=credentials_hidden(self.url),
+                subject=self.subject,
+                after_failures=failures,
+            )
             backoff, failures = 0.1, 0
             self._connected.set()
             self._mark(down=False)
@@ -225,7 +240,7 @@ class KVEventPublisher:
             self._mark(down=True)
             with contextlib.suppress(Exception):
                 await nc.close()
-            log.warning("kv_events_nats_disconnected", url=self.url)
+            log.warning("kv_events_nats_disconnected", url=credentials_hidden(self.url))
 
 
 def attach_publisher(engine: Engine) -> KVEventPublisher | None:

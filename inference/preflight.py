@@ -8,6 +8,7 @@ otherwise surface only after the model has loaded, or as write failures under lo
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
 import tempfile
@@ -100,10 +101,30 @@ def check_kernel_settings(settings: EngineSettings) -> None:
         raise StartupError(f"KVGATE_ATTENTION_BACKEND=cpu_kernel needs x86-64 and a C compiler, but found {why}")
 
 
+def check_engine_exposure(host: str, settings: EngineSettings) -> None:
+    """An engine trusts whoever reaches it (cache salts, 30-day regions): beyond loopback only with a token."""
+    if settings.engine_token is not None or _is_loopback_host(host):
+        return
+    raise StartupError(
+        f"--host {host} would serve this engine beyond this machine without auth: set KVGATE_ENGINE_TOKEN "
+        "(the gateways send it) or listen on 127.0.0.1"
+    )
+
+
+def _is_loopback_host(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_engine_start(host: str, port: int, settings: EngineSettings) -> None:
     """`kvgate engine serve`'s checks: its port, the NATS URL, the kernel settings, then the disk tier;
     StartupError (one line) on the first failure."""
     check_port(host, port, port_setting="--port")
+    check_engine_exposure(host, settings)
     check_nats_url(settings)
     check_kernel_settings(settings)
     check_disk_tier(settings)

@@ -71,9 +71,21 @@ def test_compose_file_is_valid_yaml_with_gateways_engines_and_services() -> None
     for gateway in gateways:
         env = gateway["environment"]
         assert env["KVGATE_DATABASE_URL"].startswith("postgresql://")  # more than one gateway: PostgreSQL
-        assert env["KVGATE_REDIS_URL"].startswith("redis://redis:")
+        assert env["KVGATE_REDIS_URL"].startswith("redis://:${REDIS_PASSWORD")  # Redis with a password
+        assert "${NATS_TOKEN" in env["KVGATE_NATS_URL"]  # NATS with a token
+        assert "KVGATE_ENGINE_TOKEN" in env  # sent to the engines
         engine_urls = env["KVGATE_ENGINES"].split(",")
         assert len(engine_urls) == len(engines)
+    # Trust boundaries (issue 25): every engine that listens beyond loopback has a token, every
+    # Redis a password, NATS a token.
+    for engine in engines:
+        command = engine["command"]
+        beyond_loopback = command[command.index("--host") + 1] not in ("127.0.0.1", "::1", "localhost")
+        assert not beyond_loopback or engine["environment"].get("KVGATE_ENGINE_TOKEN"), engine
+        assert engine["environment"]["KVGATE_KV_REDIS_URL"].startswith("redis://:${REDIS_PASSWORD")
+    for name in ("redis", "redis-kv"):
+        assert "--requirepass" in services[name]["command"], name
+    assert "--auth" in services["nats"]["command"]
     ids = {e["environment"]["KVGATE_ENGINE_ID"] for e in engines}
     assert len(ids) == len(engines)  # one id per engine in the event stream
     assert all(e["restart"] == "on-failure" for e in engines)  # a drained engine (exit 0) stays down

@@ -20,10 +20,14 @@ def engine_client(settings: GatewaySettings, engine_settings: EngineSettings | N
     from gateway.backends.pool_routing import PoolRouting
     from gateway.backends.served_model import ServedModel
 
+    engine_settings = engine_settings or EngineSettings()
+    secret = engine_settings.engine_token
+    token = secret.get_secret_value() if secret is not None else None
     return EnginePool(
         specs,
         model=ServedModel.load(engine_settings),
-        routing=PoolRouting(settings),
+        engine_token=token,
+        routing=PoolRouting(settings, engine_token=token),
         start_wait_s=settings.engines_start_wait_s,
         vllm_block_size=settings.vllm_block_size,
         read_timeout_s=settings.engine_read_timeout_s,

@@ -129,8 +129,10 @@ class KVEventConsumer:
         resync_attempts: int = 5,
         backoff_s: float = 0.2,
         max_backoff_s: float = 10.0,
+        engine_token: str | None = None,
     ) -> None:
         self.index = index
+        self._headers = {"authorization": f"Bearer {engine_token}"} if engine_token else {}
         self.nats_url = nats_url
         self.model_id = model_id
         self.engines = engines
@@ -152,7 +154,7 @@ class KVEventConsumer:
 
     async def start(self) -> None:
         """Returns at once; connecting (and retrying) happens in the background."""
-        self._http = httpx.AsyncClient(timeout=self._timeout)
+        self._http = httpx.AsyncClient(timeout=self._timeout, headers=self._headers)
         self._runner = asyncio.create_task(self._run(), name="kv-event-consumer")
 
     async def close(self) -> None:

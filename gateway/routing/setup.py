@@ -30,6 +30,7 @@ def build_routing(
     event_engines: Mapping[str, str],
     shared_readers: Collection[str] | None = None,
     engine_weights: Mapping[str, float] | None = None,
+    engine_token: str | None = None,
 ) -> RoutingStack:
     """`model_id` and `block_size` are the engines' (GET /kv/info); `event_engines` maps the ids of the
     engines that publish KV events to their base URLs, and may be filled in later (then call
@@ -40,7 +41,12 @@ def build_routing(
     consumer = None
     if settings.nats_url:
         consumer = KVEventConsumer(
-            index, nats_url=settings.nats_url, model_id=model_id, engines=event_engines, metrics=metrics
+            index,
+            nats_url=settings.nats_url,
+            model_id=model_id,
+            engines=event_engines,
+            metrics=metrics,
+            engine_token=engine_token,
         )
     router = CacheAwareRouter(
         index,

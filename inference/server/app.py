@@ -9,6 +9,7 @@ from fastapi import FastAPI
 
 from inference.async_engine import AsyncEngine
 from inference.metrics import EngineMetrics
+from inference.server.auth import require_engine_token
 from inference.server.drain_routes import router as drain_router
 from inference.server.errors import install_error_handlers
 from inference.server.kv_routes import router as kv_router
@@ -39,6 +40,9 @@ def create_app(engine: AsyncEngine, *, shutdown_timeout_s: float | None = None) 
     app = FastAPI(title="kvgate engine server", lifespan=lifespan)
     app.state.kvgate = ServerState(engine=engine, metrics=EngineMetrics(engine))
     install_error_handlers(app)
+    token = engine.settings.engine_token
+    if token is not None:
+        app.middleware("http")(require_engine_token(token.get_secret_value()))
     app.include_router(router)
     app.include_router(kv_router)
     app.include_router(drain_router)

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from inference.server.auth import token_matches
 from inference.server.drain import may_drain
 from inference.server.errors import APIError
 from inference.server.state import ServerState, server_state
@@ -26,6 +27,11 @@ State = Annotated[ServerState, Depends(server_state)]
 
 
 def _check_caller(request: Request, state: ServerState) -> None:
+    engine_token = state.engine.settings.engine_token
+    if engine_token is not None and token_matches(
+        request.headers.get("authorization"), engine_token.get_secret_value()
+    ):
+        return  # a gateway of this engine (the middleware let it in)
     token = state.engine.settings.drain_token
     allowed = may_drain(
         client_host=request.client.host if request.client else None,

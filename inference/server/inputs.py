@@ -22,7 +22,7 @@ from inference.server.protocol import (
     CompletionRequest,
     SamplingFields,
 )
-from inference.types import CacheRegion, CacheSpec, InvalidRequestError, SamplingParams, StructuredOutput
+from inference.types import CacheRegion, CacheSpec, FairShare, InvalidRequestError, SamplingParams, StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,7 @@ class EngineInputs:
     stream: bool
     include_usage: bool
     continuous_usage: bool = False  # every chunk carries the usage so far (vLLM's continuous_usage_stats)
+    share: FairShare | None = None  # the gateway's tenant and weight (fair queueing)
 
 
 def check_model(requested: str | None, served: str) -> None:
@@ -168,6 +169,7 @@ def _inputs(body: SamplingFields, prompt: list[int], max_tokens: int | None, eng
         prompt_token_ids=prompt,
         params=params,
         cache=CacheSpec(salt=body.cache_salt, regions=regions),
+        share=FairShare(key=body.fair_share.key, weight=body.fair_share.weight) if body.fair_share else None,
         stream=bool(body.stream),
         include_usage=body.stream_options is not None and body.stream_options.include_usage,
         continuous_usage=body.stream_options is not None

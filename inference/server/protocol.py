@@ -50,6 +50,13 @@ class CacheRegionIn(_Body):
     ttl_s: Annotated[StrictInt, Field(gt=0, le=MAX_TTL_S)]
 
 
+class FairShareIn(_Body):
+    """kvgate's extension, set by the gateway: whose queue the request waits in, and its weight."""
+
+    key: str = Field(max_length=200)
+    weight: Annotated[StrictInt, Field(ge=1, le=1000)] = 1
+
+
 class SamplingFields(_Body):
     """Fields shared by completions and chat completions."""
 
@@ -68,6 +75,7 @@ class SamplingFields(_Body):
     user: str | None = None
     cache_salt: str | None = Field(None, max_length=MAX_SALT_CHARS)
     cache_regions: list[CacheRegionIn] | None = Field(None, max_length=MAX_REGIONS)
+    fair_share: FairShareIn | None = None
     # vLLM's structured outputs: {"json": schema} | {"json_object": true} | {"grammar": "..."} (llguidance Lark).
     structured_outputs: dict[str, Any] | None = None
 

@@ -35,7 +35,13 @@ async def _generate(request: Request, state: ServerState, inputs: EngineInputs, 
     ctx = ResponseContext(id=new_id(fmt.id_prefix), model=state.engine.model_id, params=inputs.params)
     # Raises InvalidRequestError (400), EngineOverloadedError or EngineUnavailableError (503) before anything is
     # queued.
-    handle = state.engine.submit(inputs.prompt_token_ids, inputs.params, inputs.cache, request_id=ctx.id)
+    # The grammar, if any, compiles on a thread (a 400 if it is over its limits), not on this loop.
+    await state.engine.prepare(inputs.params, share=inputs.share)
+    if state.drain.draining:
+        return error_response(503, "draining: this engine takes no new requests")
+    handle = state.engine.submit(
+        inputs.prompt_token_ids, inputs.params, inputs.cache, request_id=ctx.id, share=inputs.share
+    )
     state.watch(handle)
     if inputs.stream:
         return EventStreamResponse(events(handle, fmt, ctx, inputs.include_usage, inputs.continuous_usage))
