@@ -63,8 +63,16 @@ class InstantEngine:
     def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None) -> str:
         return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
 
+    async def prepare(self, params: SamplingParams, *, share: object = None) -> None:
+        pass  # no grammars to compile
+
     def submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, request_id: str | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec,
+        request_id: str | None = None,
+        share: object = None,
     ) -> InstantHandle:
         self._next += 1
         return InstantHandle(request_id or f"instant-{self._next}", prompt_token_ids)

@@ -16,7 +16,13 @@ each is recorded:
    refused, to /v1/messages and /v1/messages/count_tokens in a loop, from two
    connections;
 4. many blocks: a body just under the byte bound made of one-character text
-   blocks, the most JSON parsing and validation per byte, in a loop.
+   blocks, the most JSON parsing and validation per byte, in a loop;
+5. a flood (issue 25): long uncached prompts (a fresh nonce at the start of each),
+   from 16 connections at once, each generating 32 tokens;
+6. hostile schemas (issue 25): a response_format with 10,000 optional properties,
+   fresh names each time (past the grammar cache), from two connections.
+
+--phases picks rows by number (1 is always run: the baseline).
 
 The target: the neighbour's p99 under attack stays under 2x its idle p99. The
 attacker's requests are counted by status. --server-repo runs the server from
@@ -44,6 +50,33 @@ from bench.report import machine_description, write_section
 
 REPO = Path(__file__).resolve().parent.parent
 ADMIN_TOKEN = "bench-admin"
+NONCE = b"__NONCE__"
+COMMON_WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "that",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "his",
+    "her",
+    "they",
+    "have",
+    "which",
+    "one",
+    "you",
+    "were",
+    "all",
+]
 TITLE = "Noisy neighbour: one tenant's huge requests vs another's small ones (bench/neighbour_tenant.py)"
 
 
@@ -62,7 +95,9 @@ def load_average() -> str:
 class Server:
     """`kvgate serve` in a subprocess, with an admin token and two tenants' keys."""
 
-    def __init__(self, *, model: str, workdir: Path, code: Path, engine_threads: int) -> None:
+    def __init__(
+        self, *, model: str, workdir: Path, code: Path, engine_threads: int, extra_env: dict[str, str] | None = None
+    ) -> None:
         from tests.gateway.harness import free_port
 
         self.port = free_port()
@@ -79,6 +114,7 @@ class Server:
             "KVGATE_PORT": str(self.port),
             "KVGATE_LOG_LEVEL": "WARNING",
             "KVGATE_NUM_THREADS": str(engine_threads),
+            **(extra_env or {}),
         }
         command = [sys.executable, "-c", "from kvgate.cli import main; main()", "serve"]
         self.process = subprocess.Popen(command, cwd=code, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -146,7 +182,10 @@ def neighbour_latencies(server: Server, *, seconds: float, at_least: int) -> tup
 class Attack:
     """Attacker processes (so they share no GIL with the neighbour's client) sending bodies in a loop."""
 
-    def __init__(self, server: Server, targets: list[tuple[str, bytes]], workdir: Path) -> None:
+    def __init__(
+        self, server: Server, targets: list[tuple[str, bytes]], workdir: Path, *, warmup_s: float = 2.0
+    ) -> None:
+        self.warmup_s = warmup_s
         self.statuses: dict[str, int] = {}
         self.processes: list[subprocess.Popen[bytes]] = []
         self.stop_file = workdir / "stop"
@@ -159,7 +198,7 @@ class Attack:
             self.processes.append(subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE))
 
     def __enter__(self) -> Attack:
-        time.sleep(2.0)  # let it get going
+        time.sleep(self.warmup_s)  # let it get going
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -171,12 +210,17 @@ class Attack:
 
 
 def attack_loop(base: str, key: str, path: str, body_file: str, stop_file: str) -> None:
-    """One attacker connection: send the body until the stop file appears; print the statuses as JSON."""
-    body = Path(body_file).read_bytes()
+    """One attacker connection: send the body until the stop file appears; print the statuses as JSON.
+
+    Every NONCE in the body is replaced by a fresh random string for each request, so no
+    two of them share a cached prefix or a compiled grammar.
+    """
+    template = Path(body_file).read_bytes()
     statuses: dict[str, int] = {}
     headers = {"x-api-key": key, "content-type": "application/json"}
     with httpx.Client(base_url=base, headers=headers, timeout=120) as client:
         while not Path(stop_file).exists():
+            body = template.replace(NONCE, os.urandom(6).hex().encode()) if NONCE in template else template
             try:
                 status = str(client.post(path, content=body).status_code)
             except httpx.HTTPError as exc:
@@ -216,7 +260,13 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     phases: list[tuple[str, dict[str, float], dict[str, float], dict[str, int]]] = []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        Server(model=model, workdir=Path(tmp), code=code, engine_threads=args.engine_threads) as server,
+        Server(
+            model=model,
+            workdir=Path(tmp),
+            code=code,
+            engine_threads=args.engine_threads,
+            extra_env=dict(item.split("=", 1) for item in args.server_env),
+        ) as server,
     ):
         huge = encode(small_body(server.model, "x" * 30_000_000))
         near = near_limit_text(model, args.max_model_len)
@@ -226,21 +276,51 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
         blocks = [{"type": "text", "text": "a"}] * (len(near) * 12 // 28)
         many = encode({"model": server.model, "max_tokens": 1, "messages": [{"role": "user", "content": blocks}]})
 
+        # One token a word, behind a fresh nonce: every prompt is uncached from its first block.
+        flood_text = (
+            NONCE.decode() + " " + " ".join(COMMON_WORDS[i % len(COMMON_WORDS)] for i in range(args.flood_words))
+        )
+        flood = encode({**small_body(server.model, flood_text), "max_tokens": 32})
+        schema = {"type": "object", "properties": {f"p{i}{NONCE.decode()}": {"type": "string"} for i in range(10_000)}}
+        hostile = encode(
+            {
+                "model": server.model,
+                "max_tokens": 4,
+                "messages": [{"role": "user", "content": "hi"}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}},
+            }
+        )
+        rows_wanted = set(args.phases)
+        attacks: list[tuple[int, str, list[tuple[str, bytes]], float]] = [
+            (2, f"30 MB bodies ({len(huge) / 1e6:.0f} MB) in a loop", [("/v1/messages", huge)], 2.0),
+            (
+                3,
+                f"near-limit prompts ({len(near) / 1e3:.0f}k characters) in two loops",
+                [("/v1/messages", near_messages), ("/v1/messages/count_tokens", near_count)],
+                2.0,
+            ),
+            (4, f"{len(many) / 1e6:.1f} MB of one-character text blocks in a loop", [("/v1/messages", many)], 2.0),
+            (
+                5,
+                f"a flood: uncached {args.flood_words:,}-token prompts, 32 tokens out each, from 16 connections",
+                [("/v1/messages", flood)] * 16,
+                5.0,
+            ),
+            (
+                6,
+                "10,000-property schemas, fresh names each, from two connections",
+                [("/v1/chat/completions", hostile)] * 2,
+                3.0,
+            ),
+        ]
         messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=50)
         phases.append(("idle", summary(messages), summary(probes), {}))
-        with Attack(server, [("/v1/messages", huge)], Path(tmp)) as attack:
-            messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=20)
-        label = f"30 MB bodies ({len(huge) / 1e6:.0f} MB) in a loop"
-        phases.append((label, summary(messages), summary(probes), attack.statuses))
-        targets = [("/v1/messages", near_messages), ("/v1/messages/count_tokens", near_count)]
-        with Attack(server, targets, Path(tmp)) as attack:
-            messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=20)
-        label = f"near-limit prompts ({len(near) / 1e3:.0f}k characters) in two loops"
-        phases.append((label, summary(messages), summary(probes), attack.statuses))
-        with Attack(server, [("/v1/messages", many)], Path(tmp)) as attack:
-            messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=20)
-        label = f"{len(many) / 1e6:.1f} MB of one-character text blocks in a loop"
-        phases.append((label, summary(messages), summary(probes), attack.statuses))
+        for number, label, targets, warmup_s in attacks:
+            if number not in rows_wanted:
+                continue
+            with Attack(server, targets, Path(tmp), warmup_s=warmup_s) as attack:
+                messages, probes = neighbour_latencies(server, seconds=args.seconds, at_least=20)
+            phases.append((label, summary(messages), summary(probes), attack.statuses))
 
     idle_p99 = phases[0][1]["p99"]
     rows = [
@@ -255,6 +335,8 @@ def run(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     verdict = "met in every row" if not missed else f"missed while: {'; '.join(missed)}"
     rows += ["", f"Target, the neighbour's p99 under attack below 2x its idle p99: **{verdict}**."]
     where = "this checkout" if code == REPO.resolve() else f"the checkout at {code}"
+    if args.server_env:
+        where += " with " + " ".join(args.server_env)
     intro = [
         f"`.venv/bin/python bench/neighbour_tenant.py --write-docs`, measured {time.strftime('%Y-%m-%d')} on "
         f"{machine_description()}, server from {where}",
@@ -282,6 +364,9 @@ def main() -> None:
     parser.add_argument(
         "--engine-threads", type=int, default=1, help="the engine's torch threads (KVGATE_NUM_THREADS); default 1"
     )
+    parser.add_argument("--phases", type=int, nargs="*", default=[2, 3, 4, 5, 6], help="rows to run (2-6)")
+    parser.add_argument("--flood-words", type=int, default=2500, help="words per flood prompt (a token each)")
+    parser.add_argument("--server-env", nargs="*", default=[], help="KEY=VALUE settings for the server")
     parser.add_argument("--write-docs", action="store_true")
     args = parser.parse_args()
     intro, rows = run(args)

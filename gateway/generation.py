@@ -34,6 +34,7 @@ from inference.types import (
     CacheSpec,
     EngineError,
     EngineOverloadedError,
+    FairShare,
     RequestOutput,
     SamplingParams,
 )
@@ -331,6 +332,11 @@ async def start_generation(
     model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
     await check_engine(gw)
     principal = ctx.principal
+    share = FairShare(key=principal.tenant_id, weight=principal.scheduling_weight)
+    try:  # a schema's grammar compiles on a thread, before anything is reserved: a 400 costs nothing
+        await gw.engine.prepare(sampling, share=share)
+    except EngineInvalidRequest as exc:
+        raise InvalidRequestError(str(exc)) from exc
     limits, decision = rate.limits, rate.decision
     prompt_tokens = len(prompt.token_ids)
     reserved_input = 0
@@ -366,7 +372,7 @@ async def start_generation(
     cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, prepared.client_salt), regions=prepared.regions)
     submitted_at = time.perf_counter()
     try:
-        handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id)
+        handle = gw.engine.submit(prompt.token_ids, sampling, cache, request_id=ctx.request_id, share=share)
     except BaseException as exc:
         journal_end(gw, ctx.request_id)
         await refund()

@@ -16,6 +16,10 @@ than the event loop and the engine.
 Workers come from a fork server that has already imported transformers, so a
 worker starts in well under a second; the fork server itself starts on first use,
 or in the background at start-up (prewarm).
+
+Neither outlives the gateway, even one killed with SIGKILL: each worker watches the
+gateway's pid (a pidfd) and exits when it ends, and the fork server exits once the
+gateway and its workers, the holders of its lifeline pipe, are gone.
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import multiprocessing
 import multiprocessing.forkserver as forkserver
 import os
 import pickle
+import select
 import signal
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -50,6 +56,8 @@ WORKER_NICE = 5
 WORKER_JOIN_S = 5.0
 MAX_DEFAULT_PROCESSES = 4
 PRELOAD = ["transformers", "gateway.services.completions", "gateway.request_workers"]
+# Where pidfds are missing (not Linux, or a kernel before 5.3), how often a worker checks its gateway.
+GATEWAY_POLL_S = 1.0
 
 
 def default_processes() -> int:
@@ -85,7 +93,11 @@ class RequestWorkers:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(PRELOAD)
             self._executor = ProcessPoolExecutor(
-                max_workers=self.processes, mp_context=context, initializer=_start_worker, initargs=(self._setup,)
+                max_workers=self.processes,
+                mp_context=context,
+                initializer=_start_worker,
+                # A worker's parent is the fork server, not the gateway: it is told which process to end with.
+                initargs=(self._setup, os.getpid()),
             )
         return self._executor
 
@@ -179,8 +191,9 @@ def _stop_fork_server() -> None:
 _CONTEXT: PrepareContext | None = None
 
 
-def _start_worker(setup_bytes: bytes) -> None:
+def _start_worker(setup_bytes: bytes, gateway_pid: int) -> None:
     global _CONTEXT
+    _exit_with(gateway_pid)
     with contextlib.suppress(OSError):  # not allowed here: run at the parent's priority
         os.nice(WORKER_NICE)
     setup: WorkerSetup = pickle.loads(setup_bytes)
@@ -193,6 +206,46 @@ def _start_worker(setup_bytes: bytes) -> None:
         max_prompt_tokens=setup.max_model_len - 1,
     )
     _CONTEXT = PrepareContext(setup.model_id, setup.max_model_len, setup.min_cacheable_tokens, renderer)
+
+
+def _exit_with(gateway_pid: int) -> None:
+    """End this worker when the gateway process ends, however it ends.
+
+    A worker blocks on its call queue, whose write end it holds itself (the queue travels pickled
+    whole), so a gateway killed with SIGKILL never shows it an EOF: without this it, and through
+    the lifeline pipe it holds the fork server, live on (hundreds of MB each) until someone kills
+    them. PR_SET_PDEATHSIG cannot say it: the worker's parent is the fork server, and the fork
+    server's is whichever gateway thread first started it (the prewarm thread, gone at once).
+    """
+    try:
+        pidfd = os.pidfd_open(gateway_pid)
+    except ProcessLookupError:
+        os._exit(0)  # gone before this worker started
+    except (AttributeError, OSError):
+        pidfd = None  # no pidfds here: poll instead
+    threading.Thread(target=_watch_gateway, args=(gateway_pid, pidfd), name="kvgate-gateway-watch", daemon=True).start()
+
+
+def _watch_gateway(gateway_pid: int, pidfd: int | None) -> None:
+    if pidfd is not None:
+        # Readable once the process has exited, zombie or reaped; a reused pid cannot fool it.
+        select.select([pidfd], [], [])
+    else:
+        # kill(0) also answers for a zombie: here the worker ends once the gateway is reaped.
+        while _alive(gateway_pid):
+            time.sleep(GATEWAY_POLL_S)
+    # os._exit, not sys.exit: from this thread, with the main thread blocked in the queue's read.
+    os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _ready() -> bool:

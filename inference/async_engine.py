@@ -18,12 +18,14 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
 
 from inference.clock import Clock
 from inference.engine import Engine, StepOutput
+from inference.grammar import GrammarLimitError
 from inference.kv_event_publisher import KVEventPublisher, attach_publisher
 from inference.settings import EngineSettings
 from inference.stats import EngineStats, make_engine_stats
@@ -33,8 +35,10 @@ from inference.types import (
     EngineOverloadedError,
     EngineUnavailableError,
     ErrorKind,
+    FairShare,
     RequestOutput,
     SamplingParams,
+    StructuredOutput,
     TokenDelta,
     Usage,
 )
@@ -145,6 +149,14 @@ class AsyncEngine:
         self._stopping = False
         self._dead_reason: str | None = None
         self._publisher: KVEventPublisher | None = None
+        # Grammar compiling, off the loop and the engine thread: a few threads in all (llguidance
+        # drops the GIL while it builds), and one compile per tenant at a time (_compile_gates).
+        self._compile_pool = ThreadPoolExecutor(
+            max_workers=self.settings.grammar_compile_threads, thread_name_prefix="kvgate-grammar-compile"
+        )
+        self._compile_gates: dict[str, asyncio.Semaphore] = {}
+        per_tenant = self.settings.max_waiting_per_tenant
+        self._max_waiting_per_tenant = per_tenant if per_tenant is not None else max(1, self.settings.max_waiting // 2)
 
     @classmethod
     def from_settings(cls, settings: EngineSettings | None = None, *, clock: Clock | None = None) -> AsyncEngine:
@@ -173,6 +185,9 @@ class AsyncEngine:
             loop.call_soon_threadsafe(ready.set_exception, exc)
             return
         loop.call_soon_threadsafe(ready.set_result, None)
+        # llguidance's view of the vocabulary takes a few tenths of a second of GIL-holding work:
+        # built now, on a compile thread, not by the first request's compile, when the loop is busy.
+        self._compile_pool.submit(self.core.structured.warm)
         try:
             self._run()
         except BaseException as exc:  # a bug in the loop itself: never die silently
@@ -190,6 +205,7 @@ class AsyncEngine:
         with self._wake:
             self._stopping = True
             self._wake.notify()
+        self._compile_pool.shutdown(wait=False, cancel_futures=True)
         thread = self._thread
         if thread is not None:
             await asyncio.to_thread(thread.join, _left(deadline))
@@ -266,14 +282,52 @@ class AsyncEngine:
 
     # -- requests -----------------------------------------------------------------------
 
+    async def prepare(self, params: SamplingParams, *, share: FairShare | None = None) -> None:
+        """Compile params' grammar, if it has one not yet compiled, on a compile thread: call before submit.
+
+        Bounded three ways: the static limits of inference.grammar (checked first, at once),
+        one compile at a time per tenant (share.key), and KVGATE_GRAMMAR_COMPILE_TIMEOUT_S;
+        each refusal is an InvalidRequestError naming the limit. A compile that times out
+        keeps its tenant's turn until its thread is done, so a tenant cannot pile them up.
+        """
+        spec = params.structured
+        if not isinstance(spec, StructuredOutput) or self.core is None or self.core.structured.is_compiled(spec):
+            return
+        structured = self.core.structured
+        key = share.key if share is not None else ""
+        gate = self._compile_gates.setdefault(key, asyncio.Semaphore(1))
+        timeout_s = self.settings.grammar_compile_timeout_s
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(gate.acquire(), timeout_s)
+        except TimeoutError:
+            raise GrammarLimitError(self._compile_timeout_message(timeout_s)) from None
+        job = loop.run_in_executor(self._compile_pool, structured.compile, spec)
+        job.add_done_callback(lambda _: gate.release())  # (one gate per tenant key, kept: tenants are few)
+        try:
+            await asyncio.wait_for(asyncio.shield(job), max(0.0, timeout_s - (time.monotonic() - started)))
+        except TimeoutError:
+            log.warning("grammar_compile_timed_out", timeout_s=timeout_s, kind=spec.kind, chars=len(spec.value))
+            raise GrammarLimitError(self._compile_timeout_message(timeout_s)) from None
+
+    @staticmethod
+    def _compile_timeout_message(timeout_s: float) -> str:
+        return f"the schema or grammar did not compile within {timeout_s:g} s (KVGATE_GRAMMAR_COMPILE_TIMEOUT_S)"
+
     def submit(
         self,
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         cache: CacheSpec,
         request_id: str | None = None,
+        share: FairShare | None = None,
     ) -> RequestHandle:
-        """Queue a request. Raises InvalidRequestError, EngineOverloadedError or EngineUnavailableError at once."""
+        """Queue a request. Raises InvalidRequestError, EngineOverloadedError or EngineUnavailableError at once.
+
+        A grammar not compiled by prepare() is compiled here, on the caller's thread: servers
+        await prepare() first; this is for direct callers.
+        """
         engine = self._engine
         assert self._loop is not None
         self._check_serving()
@@ -284,11 +338,19 @@ class AsyncEngine:
             waiting = engine.num_waiting + sum(1 for kind, _ in self._inbox if kind == "add")
             if waiting >= self.settings.max_waiting:
                 raise EngineOverloadedError(f"{waiting} requests are already waiting")
+            if share is not None:  # one tenant's flood fills its own share of the queue, not everyone's
+                theirs = engine.num_waiting_for(share.key) + sum(
+                    1
+                    for kind, item in self._inbox
+                    if kind == "add" and item[4] is not None and item[4].key == share.key
+                )
+                if theirs >= self._max_waiting_per_tenant:
+                    raise EngineOverloadedError(f"{theirs} of this tenant's requests are already waiting")
             if rid in self._handles:
                 raise EngineError(f"request id {rid!r} is already in use")
             handle = RequestHandle(rid, self, self._loop, prompt_token_ids)
             self._handles[rid] = handle
-            self._inbox.append(("add", (rid, list(prompt_token_ids), params, cache)))
+            self._inbox.append(("add", (rid, list(prompt_token_ids), params, cache, share)))
             self._wake.notify()
         return handle
 
@@ -296,6 +358,7 @@ class AsyncEngine:
         self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec | None = None
     ) -> RequestOutput:
         """Submit and wait for the final output."""
+        await self.prepare(params)
         return await self.submit(prompt_token_ids, params, cache or CacheSpec()).result()
 
     def _check_serving(self) -> None:
@@ -349,9 +412,9 @@ class AsyncEngine:
         outputs: list[StepOutput] = []
         for kind, payload in inbox:
             if kind == "add":
-                rid, prompt, params, cache = payload
+                rid, prompt, params, cache, share = payload
                 try:
-                    engine.add_request(rid, prompt, params, cache)
+                    engine.add_request(rid, prompt, params, cache, share=share)
                 except EngineError as exc:
                     outputs.append(self._rejected(rid, prompt, str(exc), "invalid_request"))
                 except Exception as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import structlog
@@ -35,6 +36,7 @@ from inference.types import (
     SEED_MIN,
     CacheSpec,
     ErrorKind,
+    FairShare,
     FinishReason,
     InvalidRequestError,
     RequestOutput,
@@ -69,6 +71,21 @@ class _Tracked:
     eos_token_ids: frozenset[int]
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     structured: bool = False  # has a grammar matcher in Engine.structured
+
+
+@dataclass
+class _Masks:
+    """A step's grammar masks, being computed on the mask thread for these request ids."""
+
+    ids: list[str]
+    future: Future[torch.Tensor]
+
+    def take(self) -> torch.Tensor | None:
+        """The masks; None if computing them raised (the rows then compute theirs again, and fail there)."""
+        try:
+            return self.future.result()
+        except Exception:
+            return None
 
 
 class Engine:
@@ -131,6 +148,8 @@ class Engine:
             kv=self.kv,
             max_num_seqs=settings.max_num_seqs,
             max_num_batched_tokens=settings.max_num_batched_tokens,
+            fair_prefill_quantum=settings.fair_prefill_quantum,
+            contended_prefill_tokens=settings.contended_prefill_tokens,
         )
         self.runner = ModelRunner(self.loaded.model, self.kv_tensors, kernels)
         self.vocab_size = int(cfg.vocab_size)
@@ -196,6 +215,7 @@ class Engine:
             self.tiers.close()
         if self.kv_events is not None:
             self.kv_events.flush()  # the write-out's stores (the publisher sends them if it can)
+        self.structured.close()
 
     @property
     def model_id(self) -> str:
@@ -250,7 +270,13 @@ class Engine:
             self.structured.validate(params.structured)  # compiled once, cached for add_request
 
     def add_request(
-        self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec,
+        *,
+        share: FairShare | None = None,
     ) -> None:
         if request_id in self._tracked:
             raise InvalidRequestError(f"request id {request_id!r} is already in use")
@@ -276,6 +302,7 @@ class Engine:
             split_points=split_points(
                 num_prompt_tokens=len(prompt), block_size=self.block_size, cache=cache, commit_blocks=len(ttls)
             ),
+            share=share or FairShare(),
         )
         tracked = _Tracked(
             request=request,
@@ -318,6 +345,9 @@ class Engine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    def num_waiting_for(self, key: str) -> int:
+        return self.scheduler.waiting.count(key)
+
     @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
@@ -348,6 +378,7 @@ class Engine:
                 outputs.append(self._fail_on_exception(s.request, exc))
         if not work:
             return outputs
+        masks = self._start_masks(work)
         work, logits = self._execute(work, outputs)
         sampling: list[tuple[_Tracked, int]] = []
         row = 0
@@ -367,7 +398,7 @@ class Engine:
         rows = [r for _, r in sampling]
         if len(rows) < logits.shape[0]:  # a request failed after the pass: drop its row (a copy; rare)
             logits = logits[rows]
-        sampling, logits = self._constrain(logits, sampling, outputs)
+        sampling, logits = self._constrain(logits, sampling, outputs, masks)
         if not sampling:
             return outputs
         if self.logits_observer is not None:
@@ -410,8 +441,21 @@ class Engine:
                 parts.append(logits)
         return kept, torch.cat(parts) if parts else torch.empty(0, 0)
 
+    def _start_masks(self, work: list[tuple[ScheduledChunk, Chunk]]) -> _Masks | None:
+        """Start the grammar masks of the rows that will sample this step, to overlap the forward pass."""
+        ids = [
+            s.request.request_id
+            for s, chunk in work
+            if chunk.sample and (tracked := self._tracked.get(s.request.request_id)) is not None and tracked.structured
+        ]
+        return _Masks(ids, self.structured.start_masks(ids)) if ids else None
+
     def _constrain(
-        self, logits: torch.Tensor, sampling: list[tuple[_Tracked, int]], outputs: list[StepOutput]
+        self,
+        logits: torch.Tensor,
+        sampling: list[tuple[_Tracked, int]],
+        outputs: list[StepOutput],
+        masks: _Masks | None = None,
     ) -> tuple[list[tuple[_Tracked, int]], torch.Tensor]:
         """Mask the logits of the rows whose request has a grammar; no work (the same tensor) when none has.
 
@@ -419,10 +463,15 @@ class Engine:
         fail and are dropped, the others go on with their logits as they were.
         """
         rows = [i for i, (tracked, _) in enumerate(sampling) if tracked.structured]
+        bitmask = masks.take() if masks is not None else None  # joined first: the matchers advance below
         if not rows:
             return sampling, logits
+        ids = [sampling[i][0].request.request_id for i in rows]
         try:
-            return sampling, self.structured.apply(logits, rows, [sampling[i][0].request.request_id for i in rows])
+            if bitmask is not None and masks is not None:
+                position = {rid: i for i, rid in enumerate(masks.ids)}
+                bitmask = bitmask[[position[rid] for rid in ids]]  # the rows still sampling, in their order
+            return sampling, self.structured.apply(logits, rows, ids, bitmask)
         except Exception as exc:
             outputs.extend(self._fail_on_exception(sampling[i][0].request, exc) for i in rows)
             keep = [i for i in range(len(sampling)) if i not in set(rows)]
@@ -510,8 +559,13 @@ class Engine:
 
     def _fail_on_exception(self, request: Request, exc: Exception) -> StepOutput:
         """A request whose own work raised: logged with its traceback, finished with an internal error."""
-        log.error("request_failed_in_engine", request_id=request.request_id, exc_info=exc)
         tracked = self._tracked.get(request.request_id)
+        if isinstance(exc, InvalidRequestError):  # the request's own fault (a grammar over its limits): a 400
+            log.info("request_refused_in_engine", request_id=request.request_id, error=str(exc)[:300])
+            if tracked is None:
+                return self._lost(request, str(exc), "invalid_request")
+            return self._fail(tracked, str(exc), "invalid_request")
+        log.error("request_failed_in_engine", request_id=request.request_id, exc_info=exc)
         message = f"the engine failed on this request: {type(exc).__name__}: {exc}"
         if tracked is None:  # already finished by the part that raised
             return self._lost(request, message, "internal")

@@ -26,6 +26,26 @@ JSON_OPTIONS: llguidance.JsonCompileOptions = {
 # Far above any real schema or grammar; the gateway's body limits bound it first.
 MAX_SPEC_CHARS = 1_000_000
 MAX_ERROR_CHARS = 1000
+# What one schema may hold. Compiling grows faster than linearly in a schema's size (on a
+# Zen4 core: 500 optional properties 0.06 s, 2,000 0.6 s, 10,000 15 s), and an object of
+# more than about 500 optional properties fails llguidance's row limit mid-generation
+# anyway, so these keep every schema that passes to well under a second of compiling.
+# OpenAI's structured outputs set limits of the same kind (5,000 properties, 1,000 enum values).
+MAX_SCHEMA_NODES = 10_000  # every JSON value in the schema, keys' values and array items included
+MAX_SCHEMA_DEPTH = 64
+MAX_OBJECT_PROPERTIES = 400  # in any one "properties" object
+MAX_SCHEMA_BRANCHES = 1_000  # items of any one anyOf / oneOf / allOf / prefixItems
+MAX_ENUM_VALUES = 2_000
+MAX_GRAMMAR_CHARS = 100_000  # a Lark grammar's text
+# llguidance's resource limits, lower than its defaults where a hostile regex spends them:
+# `(a{1000}){1000}` took 1-2 s of lexer work in its first mask and `a{100000}` 30 ms a token
+# with the defaults; with these both fail at once (a 400), and every schema in the tests passes.
+# verbose_errors=False keeps the grammar's own text out of error messages (and so out of logs).
+PARSER_LIMITS = llguidance.LLParserLimits(initial_lexer_fuel=500_000, step_lexer_fuel=100_000, verbose_errors=False)
+
+
+class GrammarLimitError(InvalidRequestError):
+    """A schema or grammar over one of the limits above, or one whose compiling ran out of time."""
 
 
 def grammar_for(spec: StructuredOutput) -> str:
@@ -43,13 +63,41 @@ def grammar_for(spec: StructuredOutput) -> str:
             raise InvalidRequestError(f"the JSON schema is not valid JSON: {exc}") from exc
         if not isinstance(schema, dict | bool):
             raise InvalidRequestError("a JSON schema must be an object or a boolean")
+        check_schema_size(schema)
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         except (ValueError, TypeError) as exc:
             raise InvalidRequestError(f"invalid JSON schema: {exc}") from exc
     if spec.kind == "grammar":
+        if len(spec.value) > MAX_GRAMMAR_CHARS:
+            raise GrammarLimitError(f"the grammar has {len(spec.value)} characters; the most is {MAX_GRAMMAR_CHARS}")
         return llguidance.LLMatcher.grammar_from_lark(spec.value)
     raise InvalidRequestError(f"unknown structured output kind {spec.kind!r}")
+
+
+def check_schema_size(schema: object) -> None:
+    """GrammarLimitError naming the first limit a parsed JSON schema exceeds; a walk of its values, no recursion."""
+    nodes = 0
+    stack: list[tuple[object, int, str | None]] = [(schema, 0, None)]
+    while stack:
+        value, depth, key = stack.pop()
+        nodes += 1
+        if nodes > MAX_SCHEMA_NODES:
+            raise GrammarLimitError(f"the JSON schema has more than {MAX_SCHEMA_NODES} values, the most allowed")
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarLimitError(f"the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        if isinstance(value, dict):
+            if key == "properties" and len(value) > MAX_OBJECT_PROPERTIES:
+                raise GrammarLimitError(
+                    f"the JSON schema has {len(value)} properties in one object; the most is {MAX_OBJECT_PROPERTIES}"
+                )
+            stack.extend((item, depth + 1, name if isinstance(name, str) else None) for name, item in value.items())
+        elif isinstance(value, list):
+            if key in ("anyOf", "oneOf", "allOf", "prefixItems") and len(value) > MAX_SCHEMA_BRANCHES:
+                raise GrammarLimitError(f"{key} has {len(value)} branches; at most {MAX_SCHEMA_BRANCHES} are allowed")
+            if key == "enum" and len(value) > MAX_ENUM_VALUES:
+                raise GrammarLimitError(f"enum has {len(value)} values; at most {MAX_ENUM_VALUES} are allowed")
+            stack.extend((item, depth + 1, None) for item in value)
 
 
 def lark_json(schema: dict[str, Any] | bool) -> str:
@@ -88,7 +136,7 @@ def check_structured(spec: StructuredOutput) -> None:
     Needs no tokenizer; the engine compiles against its tokenizer again when the request arrives.
     """
     with panics_as(lambda message: InvalidRequestError(describe(spec, message))):
-        error = llguidance.LLMatcher.validate_grammar(grammar_for(spec))
+        error = llguidance.LLMatcher.validate_grammar(grammar_for(spec), limits=PARSER_LIMITS)
     if error:
         raise InvalidRequestError(describe(spec, error))
 

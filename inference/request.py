@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from inference.block_pool import KVBlock
 from inference.hashing import BlockHash
-from inference.types import CacheSpec, SamplingParams
+from inference.types import CacheSpec, FairShare, SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -43,6 +43,7 @@ class Request:
     write_tokens_by_ttl: dict[int, int] = field(default_factory=dict)
     first_token_time: float | None = None
     num_preemptions: int = 0
+    share: FairShare = field(default_factory=FairShare)  # whose queue it waits in (inference.scheduler)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -78,6 +78,37 @@ class EngineSettings(BaseSettings):
     max_num_seqs: int = Field(64, gt=0, description="Most requests running at once.")
     max_num_batched_tokens: int = Field(2048, gt=0, description="Prefill token budget per engine step.")
     max_waiting: int = Field(256, ge=0, description="Waiting-queue capacity; beyond it requests are refused.")
+    max_waiting_per_tenant: int | None = Field(
+        None,
+        ge=1,
+        description="Most requests one tenant may have waiting; beyond it its requests get 529 (the others' do "
+        "not). Unset: half of max_waiting.",
+    )
+    fair_prefill_quantum: int = Field(
+        256,
+        gt=0,
+        description="Deficit round robin across tenants: prompt tokens a weight-1 tenant is granted per round of "
+        'the waiting queue and of each step\'s prefill budget (see docs/architecture.md, "Fair share").',
+    )
+    contended_prefill_tokens: int | None = Field(
+        256,
+        gt=0,
+        description="Most prompt tokens a step computes while more than one tenant has work in it (prefills or "
+        "decodes), so a neighbour's long prompts add a small chunk to another's step. Unset: the whole budget.",
+    )
+    grammar_compile_threads: int = Field(2, gt=0, description="Threads compiling JSON schemas and grammars.")
+    grammar_compile_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A schema or grammar not compiled in this long (its tenant's turn included) gets a 400.",
+    )
+    engine_token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="Bearer token of the engine server: every route but /health requires it, and the gateway "
+        "sends it to its remote engines (KVGATE_ENGINES; vLLM's --api-key takes the same header). Unset: "
+        "`kvgate engine serve` binds loopback addresses only.",
+    )
     drain_token: SecretStr | None = Field(
         None,
         description="Bearer token for the engine server's POST /drain (`kvgate engine drain`); unset: only "
@@ -102,6 +133,18 @@ class EngineSettings(BaseSettings):
         True,
         description="At shutdown, write the live blocks of the device pool and host tier to the disk tier, "
         "so a restart keeps them.",
+    )
+    kv_tier_key: SecretStr | None = Field(
+        None,
+        description="Key the disk and Redis KV tiers encrypt and authenticate their records with (AES-256-GCM, a "
+        "key per block derived by HKDF); the same on every engine sharing a Redis tier, e.g. `openssl rand -base64 "
+        "32`. Unset: a random key per process, so disk records do not survive a restart and Redis blocks are not "
+        'shared (docs/deployment.md, "KV tier encryption").',
+    )
+    kv_tier_previous_keys: SecretStr | None = Field(
+        None,
+        description="Comma-separated former KVGATE_KV_TIER_KEY values whose records are still read (never "
+        "written), during a key rotation; records under any other key are misses.",
     )
     kv_offload_staging_mib: float = Field(
         64.0, gt=0, description="Host buffers for blocks on their way to disk; when all are in flight, evictions wait."
@@ -145,6 +188,14 @@ class EngineSettings(BaseSettings):
     def resolved_engine_id(self) -> str:
         """engine_id, or hostname-pid when unset."""
         return self.engine_id or f"{socket.gethostname()}-{os.getpid()}"
+
+    @field_validator("kv_tier_key")
+    @classmethod
+    def _tier_key_length(cls, key: SecretStr | None) -> SecretStr | None:
+        # A short key is guessable offline from any record; refuse it at start rather than seal with it.
+        if key is not None and len(key.get_secret_value()) < 16:
+            raise ValueError("KVGATE_KV_TIER_KEY must be at least 16 characters (e.g. `openssl rand -base64 32`)")
+        return key
 
     @field_validator("kv_redis_url")
     @classmethod

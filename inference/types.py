@@ -60,6 +60,19 @@ class StructuredOutput:
 
 
 @dataclass(frozen=True)
+class FairShare:
+    """Whose request this is, for the engine's fair queueing (inference.scheduler).
+
+    Requests with the same key share one queue, served first-in first-out; queues are
+    served in proportion to their weights. The gateway sets key to the tenant id and
+    weight to the tenant's scheduling weight; requests without one share the key "".
+    """
+
+    key: str = ""
+    weight: int = 1
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Decoding controls, as in vLLM. temperature 0 means greedy; top_k 0 means off."""
 

@@ -32,6 +32,8 @@ class Tenant(Base):
     name: Mapped[str] = mapped_column(String(200))
     status: Mapped[str] = mapped_column(String(16), default=TENANT_ACTIVE)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    # Its share of the engine when tenants contend (fair queueing: inference/scheduler.py).
+    scheduling_weight: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
 
 
 class ApiKey(Base):

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from inference.stats import EngineStats
-from inference.types import CacheSpec, RequestOutput, SamplingParams, TokenDelta, Usage
+from inference.types import CacheSpec, FairShare, RequestOutput, SamplingParams, TokenDelta, Usage
 
 
 class Placement(NamedTuple):
@@ -59,15 +59,21 @@ class EngineClient(Protocol):
         self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None
     ) -> str: ...
 
+    async def prepare(self, params: SamplingParams, *, share: FairShare | None = None) -> None:
+        """Get ready what submit needs and takes long (a grammar to compile), off the event loop;
+        raises inference.types.InvalidRequestError for a schema or grammar over its limits."""
+        ...
+
     def submit(
         self,
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         cache: CacheSpec,
         request_id: str | None = None,
+        share: FairShare | None = None,
     ) -> Handle:
         """Queue a request; raises inference.types.EngineOverloadedError, EngineUnavailableError or
-        InvalidRequestError at once."""
+        InvalidRequestError at once. share: whose fair-queueing share it runs in."""
         ...
 
     def abort(self, request_id: str) -> None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from gateway.backends.base import Handle
 from inference.settings import EngineSettings
 from inference.stats import EngineStats
-from inference.types import CacheSpec, SamplingParams
+from inference.types import CacheSpec, FairShare, SamplingParams
 
 if TYPE_CHECKING:
     from inference.async_engine import AsyncEngine
@@ -49,10 +49,18 @@ class EmbeddedEngine:
     def apply_chat_template(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None) -> str:
         return self.engine.apply_chat_template(messages, tools=tools)
 
+    async def prepare(self, params: SamplingParams, *, share: FairShare | None = None) -> None:
+        await self.engine.prepare(params, share=share)
+
     def submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, request_id: str | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec,
+        request_id: str | None = None,
+        share: FairShare | None = None,
     ) -> Handle:
-        return self.engine.submit(prompt_token_ids, params, cache, request_id=request_id)
+        return self.engine.submit(prompt_token_ids, params, cache, request_id=request_id, share=share)
 
     def abort(self, request_id: str) -> None:
         self.engine.abort(request_id)

@@ -38,6 +38,7 @@ from inference.types import (
     EngineError,
     EngineUnavailableError,
     ErrorKind,
+    FairShare,
     RequestOutput,
     SamplingParams,
     TokenDelta,
@@ -83,8 +84,11 @@ class HttpEngine:
         vllm_block_size: int = 16,
         read_timeout_s: float = 600.0,
         client: httpx.AsyncClient | None = None,
+        token: str | None = None,
     ) -> None:
+        """token: the engine's KVGATE_ENGINE_TOKEN (or vLLM's --api-key), sent as a bearer token on every call."""
         self.base_url = base_url.rstrip("/") + "/"
+        self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.model = model
         self.vllm_block_size = vllm_block_size
         self.info: EngineInfo | None = None
@@ -129,8 +133,16 @@ class HttpEngine:
             await self._client.aclose()
             self._client = None
 
+    async def prepare(self, params: SamplingParams, *, share: FairShare | None = None) -> None:
+        """Nothing here: the remote engine compiles the request's grammar itself, off its loop."""
+
     def submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, request_id: str | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec,
+        request_id: str | None = None,
+        share: FairShare | None = None,
     ) -> HttpHandle:
         if self.info is None:
             raise EngineUnavailableError(f"the engine at {self.base_url} has not answered yet")
@@ -141,6 +153,7 @@ class HttpEngine:
             params=params,
             cache=cache,
             flavour=self.info.flavour,
+            share=share,
         )
         handle = HttpHandle(self, request_id, tuple(prompt_token_ids), cache, body)
         self._handles[request_id] = handle
@@ -155,7 +168,7 @@ class HttpEngine:
     async def check_health(self) -> None:
         """EngineUnavailableError unless GET /health answers 200 (kvgate's and vLLM's health endpoint)."""
         try:
-            response = await self.client.get(self._url("health"), timeout=PROBE_TIMEOUT_S)
+            response = await self.client.get(self._url("health"), timeout=PROBE_TIMEOUT_S, headers=self._headers)
         except httpx.HTTPError as exc:
             raise EngineUnavailableError(f"the engine at {self.base_url} does not answer: {exc!r}") from exc
         if response.status_code != 200:
@@ -183,8 +196,8 @@ class HttpEngine:
     async def describe(self) -> EngineInfo:
         """GET /v1/models (the model must be ours) and GET /kv/info (kvgate engines; a 404 means none)."""
         try:
-            models = await self.client.get(self._url("v1/models"), timeout=PROBE_TIMEOUT_S)
-            kv_info = await self.client.get(self._url("kv/info"), timeout=PROBE_TIMEOUT_S)
+            models = await self.client.get(self._url("v1/models"), timeout=PROBE_TIMEOUT_S, headers=self._headers)
+            kv_info = await self.client.get(self._url("kv/info"), timeout=PROBE_TIMEOUT_S, headers=self._headers)
         except httpx.HTTPError as exc:
             raise EngineUnavailableError(f"the engine at {self.base_url} does not answer: {exc!r}") from exc
         if models.status_code != 200:
@@ -269,7 +282,9 @@ class HttpHandle(QueuedHandle):
         final: Usage | None = None
         finish: str | None = None
         stop_sequence: str | None = None
-        async with self.engine.client.stream("POST", self.engine._url("v1/completions"), json=self.body) as response:
+        async with self.engine.client.stream(
+            "POST", self.engine._url("v1/completions"), json=self.body, headers=self.engine._headers
+        ) as response:
             if response.status_code != 200:
                 message = (await response.aread()).decode(errors="replace")[:500]
                 return self.output(

@@ -18,7 +18,7 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
-from inference.types import DEFAULT_TTL_S, CacheRegion, CacheSpec, SamplingParams, Usage
+from inference.types import DEFAULT_TTL_S, CacheRegion, CacheSpec, FairShare, SamplingParams, Usage
 
 # "kvgate": kvgate's engine server, which counts writes itself; "vllm": vLLM's OpenAI server (or any
 # OpenAI-compatible completions server), which reports reads only.
@@ -30,7 +30,13 @@ class WireError(ValueError):
 
 
 def completion_body(
-    *, model: str, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, flavour: Flavour
+    *,
+    model: str,
+    prompt_token_ids: Sequence[int],
+    params: SamplingParams,
+    cache: CacheSpec,
+    flavour: Flavour,
+    share: FairShare | None = None,
 ) -> dict[str, Any]:
     """The /v1/completions request for one submitted request, streamed with usage on every chunk."""
     body: dict[str, Any] = {
@@ -52,6 +58,8 @@ def completion_body(
         body["cache_salt"] = cache.salt
     if cache.regions is not None and flavour == "kvgate":
         body["cache_regions"] = [{"end": r.end, "ttl_s": r.ttl_s} for r in cache.regions]
+    if share is not None and flavour == "kvgate":
+        body["fair_share"] = {"key": share.key, "weight": share.weight}
     structured = params.structured
     if structured is not None:
         if structured.kind == "json_object":

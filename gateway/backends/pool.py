@@ -31,7 +31,7 @@ from gateway.routing.least_loaded import LeastLoadedRouter
 from gateway.routing.types import RouteDecision, Router
 from inference.hashing import BlockHash, BlockHasher
 from inference.stats import EngineStats
-from inference.types import DEFAULT_TTL_S, CacheSpec, EngineError, EngineUnavailableError, SamplingParams
+from inference.types import DEFAULT_TTL_S, CacheSpec, EngineError, EngineUnavailableError, FairShare, SamplingParams
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -59,6 +59,7 @@ class EnginePool:
         start_wait_s: float = 60.0,
         vllm_block_size: int = 16,
         read_timeout_s: float = 600.0,
+        engine_token: str | None = None,
     ) -> None:
         if not engines:
             raise ValueError("an engine pool needs at least one engine")
@@ -66,7 +67,13 @@ class EnginePool:
         self.policy = health or HealthPolicy()
         self.members = [
             Member(
-                HttpEngine(spec.url, model=model, vllm_block_size=vllm_block_size, read_timeout_s=read_timeout_s),
+                HttpEngine(
+                    spec.url,
+                    model=model,
+                    vllm_block_size=vllm_block_size,
+                    read_timeout_s=read_timeout_s,
+                    token=engine_token,
+                ),
                 spec.weight,
             )
             for spec in engines
@@ -150,13 +157,21 @@ class EnginePool:
         if self.routing is not None:
             self.routing.attach_metrics(registry)
 
+    async def prepare(self, params: SamplingParams, *, share: FairShare | None = None) -> None:
+        """Nothing here: each remote engine compiles the request's grammar itself, off its loop."""
+
     def submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, request_id: str | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec,
+        request_id: str | None = None,
+        share: FairShare | None = None,
     ) -> PoolHandle:
         if not any(m.routable for m in self.members):
             raise EngineUnavailableError(self.unavailable_reason())
         request_id = request_id or f"pool-{uuid.uuid4().hex}"
-        handle = PoolHandle(self, request_id, tuple(prompt_token_ids), params, cache)
+        handle = PoolHandle(self, request_id, tuple(prompt_token_ids), params, cache, share)
         self._handles[request_id] = handle
         handle.start()
         return handle

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from gateway.backends.base import Placement
 from gateway.backends.http import HttpHandle
 from gateway.backends.queued_handle import QueuedHandle
-from inference.types import CacheSpec, EngineError, InvalidRequestError, RequestOutput, SamplingParams
+from inference.types import CacheSpec, EngineError, FairShare, InvalidRequestError, RequestOutput, SamplingParams
 
 if TYPE_CHECKING:
     from gateway.backends.engine_health import Member
@@ -30,11 +30,13 @@ class PoolHandle(QueuedHandle):
         prompt_token_ids: tuple[int, ...],
         params: SamplingParams,
         cache: CacheSpec,
+        share: FairShare | None = None,
     ) -> None:
         super().__init__(request_id, prompt_token_ids)
         self.pool = pool
         self.params = params
         self.cache = cache
+        self.share = share
         self.attempts: list[str] = []  # engine URLs tried, in order
         self._inner: HttpHandle | None = None
         self._cancelled = False
@@ -67,7 +69,9 @@ class PoolHandle(QueuedHandle):
                 member.engine.info.flavour if member.engine.info else "kvgate", member.engine_id, predicted
             )
             try:
-                inner = member.engine.submit(self.prompt_token_ids, self.params, self.cache, self.request_id)
+                inner = member.engine.submit(
+                    self.prompt_token_ids, self.params, self.cache, self.request_id, share=self.share
+                )
             except InvalidRequestError as exc:
                 return self.output("error", error=str(exc), kind="invalid_request")
             except EngineError as exc:

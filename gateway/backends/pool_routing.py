@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 class PoolRouting:
     """What an EnginePool calls: build() once, engine_joined() per engine described, close() at shutdown."""
 
-    def __init__(self, settings: GatewaySettings) -> None:
+    def __init__(self, settings: GatewaySettings, *, engine_token: str | None = None) -> None:
         self.settings = settings
+        self.engine_token = engine_token  # for the consumer's GET /kv/snapshot
         self.registry: CollectorRegistry | None = None
         self.event_engines: dict[str, str] = {}  # engine id -> base URL, for the consumer's resyncs
         self.shared_readers: set[str] = set()
@@ -57,6 +58,7 @@ class PoolRouting:
             event_engines=self.event_engines,
             shared_readers=self.shared_readers,
             engine_weights=weights,
+            engine_token=self.engine_token,
         )
         if self.stack.consumer is not None:
             await self.stack.consumer.start()  # connects in the background; resyncs every known engine

@@ -11,10 +11,18 @@ from gateway.protocols.common import Strict
 from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE
 
 ScopeList = list[str]
+MAX_SCHEDULING_WEIGHT = 100
 
 
 class TenantCreate(Strict):
     name: str = Field(min_length=1, max_length=200)
+    scheduling_weight: int = Field(
+        1, ge=1, le=MAX_SCHEDULING_WEIGHT, description="Its share of the engine when tenants contend."
+    )
+
+
+class TenantUpdate(Strict):
+    scheduling_weight: int = Field(ge=1, le=MAX_SCHEDULING_WEIGHT)
 
 
 class TenantOut(BaseModel):
@@ -23,6 +31,7 @@ class TenantOut(BaseModel):
     name: str
     status: Literal["active", "suspended"]
     created_at: datetime
+    scheduling_weight: int = 1
 
 
 class TenantList(BaseModel):

@@ -55,6 +55,7 @@ class Principal:
     input_tokens_per_minute: int | None = None
     expires_at: datetime | None = None
     scopes: tuple[str, ...] = (SCOPE_INFERENCE,)
+    scheduling_weight: int = 1  # the tenant's, for the engine's fair queueing
 
     def check_expiry(self, now: datetime) -> None:
         if self.expires_at is not None and self.expires_at <= now:
@@ -141,14 +142,16 @@ async def authenticate(
     digest = digest or hash_secret(presented)
     row = (
         await session.execute(
-            select(ApiKey, Tenant.status).join(Tenant, Tenant.id == ApiKey.tenant_id).where(ApiKey.key_hash == digest)
+            select(ApiKey, Tenant.status, Tenant.scheduling_weight)
+            .join(Tenant, Tenant.id == ApiKey.tenant_id)
+            .where(ApiKey.key_hash == digest)
         )
     ).first()
     # The lookup is by hash, so this comparison only guards against a database that
     # matches loosely (collations); compare_digest keeps it constant-time regardless.
     if row is None or not constant_time_equal(row[0].key_hash, digest):
         raise _invalid()
-    key, tenant_status = row
+    key, tenant_status, weight = row
     principal = Principal(
         tenant_id=key.tenant_id,
         api_key_id=key.id,
@@ -156,6 +159,7 @@ async def authenticate(
         input_tokens_per_minute=key.input_tokens_per_minute,
         expires_at=key.expires_at,
         scopes=scopes_of(key),
+        scheduling_weight=weight or 1,
     )
     if key.revoked_at is not None:
         raise AuthenticationError("this API key has been revoked")

@@ -10,8 +10,8 @@ from kvgate.errors import NotFoundError
 from kvgate.tenancy import TENANT_ACTIVE, TENANT_SUSPENDED, Tenant
 
 
-async def create_tenant(session: AsyncSession, *, name: str) -> Tenant:
-    tenant = Tenant(id=new_id("ten"), name=name, status=TENANT_ACTIVE)
+async def create_tenant(session: AsyncSession, *, name: str, scheduling_weight: int = 1) -> Tenant:
+    tenant = Tenant(id=new_id("ten"), name=name, status=TENANT_ACTIVE, scheduling_weight=scheduling_weight)
     session.add(tenant)
     await session.commit()
     return tenant
@@ -26,6 +26,13 @@ async def get_tenant(session: AsyncSession, *, tenant_id: str) -> Tenant:
     tenant = await session.get(Tenant, tenant_id)
     if tenant is None:
         raise NotFoundError(f"tenant {tenant_id!r} not found")
+    return tenant
+
+
+async def set_scheduling_weight(session: AsyncSession, *, tenant_id: str, weight: int) -> Tenant:
+    tenant = await get_tenant(session, tenant_id=tenant_id)
+    tenant.scheduling_weight = weight
+    await session.commit()
     return tenant
 
 

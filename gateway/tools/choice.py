@@ -53,15 +53,62 @@ def function_of(definition: dict[str, Any]) -> dict[str, Any]:
     return definition.get("function", definition)
 
 
+DEFINITION_KEYS = ("$defs", "definitions")
+ARGUMENTS_POINTER = "#/properties/arguments"
+
+
 def call_schema(function: dict[str, Any]) -> dict[str, Any]:
-    """The JSON schema of one call's object: the tool's name as a constant, its parameters as arguments."""
+    """The JSON schema of one call's object: the tool's name as a constant, its parameters as arguments.
+
+    The parameters move one level down, so what their `$ref`s point at must move with them:
+    their `$defs` (what Pydantic emits for nested models) go to the call schema's root, where
+    `#/$defs/...` still finds them, and any other local pointer (`#`, `#/properties/...`) is
+    rewritten to start at the arguments.
+    """
     parameters = function.get("parameters") or {"type": "object"}
-    return {
+    schema: dict[str, Any] = {
         "type": "object",
         "properties": {"name": {"const": function["name"]}, "arguments": parameters},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
+    if not isinstance(parameters, dict) or not _has_local_refs(parameters):
+        return schema
+    arguments = {k: v for k, v in parameters.items() if k not in DEFINITION_KEYS}
+    for key in DEFINITION_KEYS:
+        if isinstance(parameters.get(key), dict):
+            schema[key] = _rebased(parameters[key])
+    schema["properties"]["arguments"] = _rebased(arguments)
+    return schema
+
+
+def _has_local_refs(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            ref = item.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#"):
+                return True
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def _rebased(value: Any) -> Any:
+    """A copy of a schema whose local `$ref`s point where they did before the parameters moved."""
+    if isinstance(value, list):
+        return [_rebased(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {key: _rebased(item) for key, item in value.items()}
+    ref = value.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        pointer = ref[1:]
+        if not any(pointer == f"/{key}" or pointer.startswith(f"/{key}/") for key in DEFINITION_KEYS):
+            out["$ref"] = ARGUMENTS_POINTER + pointer
+    return out
 
 
 def forcing_grammar(definitions: Sequence[dict[str, Any]], choice: ToolChoice) -> StructuredOutput | None:

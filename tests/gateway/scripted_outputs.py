@@ -57,7 +57,12 @@ class ScriptedOutputs:
         return getattr(self._engine, name)
 
     def submit(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams, cache: CacheSpec, request_id: str | None = None
+        self,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache: CacheSpec,
+        request_id: str | None = None,
+        share: Any = None,
     ) -> Any:
-        handle = self._engine.submit(prompt_token_ids, params, cache, request_id=request_id)
+        handle = self._engine.submit(prompt_token_ids, params, cache, request_id=request_id, share=share)
         return ScriptedHandle(handle, self.script.pop(0), self._chunk) if self.script else handle

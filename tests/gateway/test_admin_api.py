@@ -91,3 +91,23 @@ def test_usage_records_land_in_the_database(any_gateway: GatewayServer) -> None:
         row["input_tokens"] + row["cache_write_5m_tokens"] + row["cache_read_tokens"] == completion.usage.prompt_tokens
     )
     assert row["output_tokens"] == completion.usage.completion_tokens
+
+
+def test_a_tenants_scheduling_weight_is_set_changed_and_bounded(any_gateway: GatewayServer) -> None:
+    admin = any_gateway.admin
+    assert admin.post("/admin/v1/tenants", json={"name": "plain"}).json()["scheduling_weight"] == 1
+    tenant = admin.post("/admin/v1/tenants", json={"name": "premium", "scheduling_weight": 3}).json()
+    assert tenant["scheduling_weight"] == 3
+    changed = admin.patch(f"/admin/v1/tenants/{tenant['id']}", json={"scheduling_weight": 5})
+    assert changed.status_code == 200 and changed.json()["scheduling_weight"] == 5
+    assert admin.get(f"/admin/v1/tenants/{tenant['id']}").json()["scheduling_weight"] == 5
+    for bad in (0, 101, "high", None):
+        refused = admin.patch(f"/admin/v1/tenants/{tenant['id']}", json={"scheduling_weight": bad})
+        assert refused.status_code == 400, (bad, refused.text)
+    assert admin.patch("/admin/v1/tenants/ten_missing", json={"scheduling_weight": 2}).status_code == 404
+    # Requests of the tenant still run with its weight.
+    key = admin.post(f"/admin/v1/tenants/{tenant['id']}/keys", json={"name": "w"}).json()["key"]
+    reply = any_gateway.anthropic(key).messages.create(
+        model=any_gateway.model, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.usage.output_tokens >= 1

@@ -231,6 +231,22 @@ def anthropic_bodies(draw: st.DrawFn, *, count_tokens: bool) -> dict[str, Any]:
     return _with_hostile_fields(draw, body, hostile)
 
 
+def _response_format(schema: Any) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "out", "schema": schema}}
+
+
+# Schemas that froze the gateway or got 500s from the engine (issue 25): each is a 400 or served.
+HOSTILE_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]},
+    {"anyOf": [{"const": f"v{i}"} for i in range(5000)]},
+    {"type": "string", "pattern": "^(a{1000}){1000}$"},
+    {"type": "string", "pattern": "^a{100000}$"},
+    {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(10_000)}},
+    {"$ref": "#/$defs/missing"},
+]
+response_formats = st.sampled_from(HOSTILE_SCHEMAS).map(_response_format) | json_values
+
+
 @st.composite
 def openai_bodies(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {
@@ -260,6 +276,7 @@ def openai_bodies(draw: st.DrawFn) -> dict[str, Any]:
         "frequency_penalty": numbers,
         "presence_penalty": numbers,
         "prompt_cache_retention": texts,
+        "response_format": response_formats,
         "cache_salt": texts | numbers,
         "stream": json_values,
         "stream_options": json_values,

@@ -54,3 +54,68 @@ async def test_a_pool_broken_before_a_job_runs_the_job_on_a_fresh_pool(workers: 
         await asyncio.sleep(0.05)
     # The next job never ran on the broken pool: it runs on a fresh one instead of failing.
     assert await workers.run("tenant", worker_pid) != first
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is `pid` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # ended while we looked
+            # pid (comm) state ppid ...: comm may hold spaces, so split after its closing parenthesis.
+            state, ppid = stat.rpartition(")")[2].split()[:2]
+            if int(ppid) == pid and state != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process tree from /proc")
+@pytest.mark.timeout(300)
+def test_a_sigkilled_gateway_takes_its_fork_server_and_workers_with_it(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    from tests.gateway.serve_process import Serve
+
+    serve = Serve(database_url=f"sqlite:///{tmp_path / 'kvgate.db'}", model_dir=tiny_llama_dir, workdir=tmp_path)
+    try:
+        # The prewarm starts the fork server (a child of serve) and one worker (the fork server's child).
+        deadline = time.monotonic() + 120
+        while True:
+            tree = _descendants(serve.process.pid)
+            fork_servers = [
+                pid
+                for pid in _children(serve.process.pid)
+                if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+            ]
+            if fork_servers and any(_children(pid) for pid in fork_servers):
+                break
+            assert time.monotonic() < deadline, f"no fork server with a worker under kvgate serve: {tree}"
+            time.sleep(0.2)
+        assert all(_running(pid) for pid in tree)
+    finally:
+        serve.process.kill()
+        serve.process.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while left := [pid for pid in tree if _running(pid)]:
+        assert time.monotonic() < deadline, f"still running 10 s after kvgate serve was killed: {left}"
+        time.sleep(0.1)

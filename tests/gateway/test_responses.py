@@ -30,8 +30,8 @@ class StoppingEngine:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
-    def submit(self, prompt: Any, params: Any, cache: Any, request_id: str | None = None) -> Any:
-        return self._engine.submit(prompt, replace(params, stop=(" ",)), cache, request_id=request_id)
+    def submit(self, prompt: Any, params: Any, cache: Any, request_id: str | None = None, share: Any = None) -> Any:
+        return self._engine.submit(prompt, replace(params, stop=(" ",)), cache, request_id=request_id, share=share)
 
 
 @pytest.fixture(scope="module")

@@ -244,3 +244,42 @@ def test_openai_history_errors() -> None:
     )
     with pytest.raises(InvalidRequestError, match="only allowed when 'tools'"):
         openai.to_chat(chat_request(messages=[user], tool_choice="required"))
+
+
+def test_forced_calls_whose_parameters_use_defs_compile_and_follow_their_refs(tokenizer: Any) -> None:
+    """Pydantic puts nested models in $defs; moved under "arguments" they still resolve (issue 25)."""
+    import llguidance
+    import llguidance.hf
+    from pydantic import BaseModel
+
+    from inference.grammar import check_structured
+
+    class Address(BaseModel):
+        city: str
+        zip: int
+
+    class Order(BaseModel):
+        ship_to: Address
+        bill_to: Address | None = None
+
+    parameters = Order.model_json_schema()
+    assert "$defs" in parameters  # what makes the test mean something
+    tools = [{"type": "function", "function": {"name": "place_order", "parameters": parameters}}]
+    grammar = forcing_grammar(tools, ToolChoice("any"))
+    assert grammar is not None
+    check_structured(grammar)  # was: "Pointer does not exist"
+    lltok = llguidance.hf.from_tokenizer(tokenizer)
+
+    def accepts(arguments: str) -> bool:
+        matcher = llguidance.LLMatcher(lltok, llguidance.grammar_from("lark", grammar.value))
+        text = '<tool_call>\n{"name": "place_order", "arguments": ' + arguments + "}\n</tool_call>"
+        matcher.consume_tokens(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return not matcher.is_error() and matcher.is_accepting()
+
+    assert accepts('{"ship_to": {"city": "Paris", "zip": 75001}}')
+    assert not accepts('{"ship_to": {"city": "Paris", "zip": "75001"}}')  # the $ref's zip is an integer
+    # A schema that refers to its own root ("#") recurses into the arguments, not the call.
+    recursive = {"type": "object", "properties": {"child": {"anyOf": [{"$ref": "#"}, {"type": "null"}]}}}
+    tree = forcing_grammar([{"name": "tree", "parameters": recursive}], ToolChoice("any"))
+    assert tree is not None
+    check_structured(tree)

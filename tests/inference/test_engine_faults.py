@@ -161,10 +161,10 @@ async def test_an_exception_while_admitting_fails_that_request_alone(engine: Asy
     assert core is not None
     add_request = core.add_request
 
-    def faulty(rid: str, prompt: Any, params: Any, cache: Any) -> None:
+    def faulty(rid: str, prompt: Any, params: Any, cache: Any, **kwargs: Any) -> None:
         if rid == "bad":
             raise RuntimeError("injected admission fault")
-        add_request(rid, prompt, params, cache)
+        add_request(rid, prompt, params, cache, **kwargs)
 
     core.add_request = faulty  # type: ignore[method-assign]
     rng = random.Random(8)

@@ -7,7 +7,16 @@ from starlette.responses import Response
 
 from gateway.api.deps import AdminDep, GatewayDep, SessionDep
 from gateway.api.responses import json_response
-from gateway.protocols.admin import KeyCreate, KeyCreated, KeyList, KeyOut, TenantCreate, TenantList, TenantOut
+from gateway.protocols.admin import (
+    KeyCreate,
+    KeyCreated,
+    KeyList,
+    KeyOut,
+    TenantCreate,
+    TenantList,
+    TenantOut,
+    TenantUpdate,
+)
 from gateway.services import keys, tenants
 
 router = APIRouter(prefix="/admin/v1/tenants", tags=["admin"], dependencies=[AdminDep])
@@ -15,7 +24,7 @@ router = APIRouter(prefix="/admin/v1/tenants", tags=["admin"], dependencies=[Adm
 
 @router.post("", status_code=201, response_model=TenantOut)
 async def create_tenant(body: TenantCreate, session: SessionDep) -> Response:
-    tenant = await tenants.create_tenant(session, name=body.name)
+    tenant = await tenants.create_tenant(session, name=body.name, scheduling_weight=body.scheduling_weight)
     return json_response(TenantOut.model_validate(tenant), status_code=201)
 
 
@@ -28,6 +37,13 @@ async def list_tenants(session: SessionDep) -> Response:
 @router.get("/{tenant_id}", response_model=TenantOut)
 async def get_tenant(tenant_id: str, session: SessionDep) -> Response:
     return json_response(TenantOut.model_validate(await tenants.get_tenant(session, tenant_id=tenant_id)))
+
+
+@router.patch("/{tenant_id}", response_model=TenantOut)
+async def update_tenant(tenant_id: str, body: TenantUpdate, session: SessionDep, gw: GatewayDep) -> Response:
+    tenant = await tenants.set_scheduling_weight(session, tenant_id=tenant_id, weight=body.scheduling_weight)
+    await gw.evict_principals(tenant_id=tenant.id)  # cached principals carry the old weight
+    return json_response(TenantOut.model_validate(tenant))
 
 
 @router.post("/{tenant_id}/suspend", response_model=TenantOut)
