@@ -293,7 +293,7 @@ async def time_queries(url: str, runs: int = 5) -> dict[str, tuple[float, float]
 
 # -- the dashboard's pages, served by the real app ------------------------------------------------
 
-ADMIN_TOKEN = "bench-admin"
+ADMIN_TOKEN = "bench-admin-token-0123"
 MEMBER = "mem_bench_dashboard"
 
 

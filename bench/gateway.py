@@ -47,7 +47,7 @@ from bench import http_load
 from bench.report import machine_description, write_section
 
 REPO = Path(__file__).resolve().parent.parent
-ADMIN_TOKEN = "bench-admin"
+ADMIN_TOKEN = "bench-admin-token-0123"
 SYSTEM = "You are the assistant of a hardware store. Answer briefly and precisely. " * 14
 QUESTION = "Do you sell galvanised wood screws?"
 TITLE = "Gateway"

@@ -158,7 +158,7 @@ async def serve_like(args: argparse.Namespace, database_url: str) -> dict[str, A
     from inference.settings import EngineSettings
 
     port = free_port()
-    settings = GatewaySettings(database_url=database_url, admin_token="bench-admin", port=port)
+    settings = GatewaySettings(database_url=database_url, admin_token="bench-admin-token-0123", port=port)
     engine_settings = EngineSettings(num_threads=args.threads[0], kv_cache_gib=0.1)
     app = create_app(settings, engine_factory=lambda: AsyncEngine(engine_settings), billing=NoBilling())
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))

@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.report import machine_description, write_section
 
 REPO = Path(__file__).resolve().parent.parent
-ADMIN_TOKEN = "bench-admin"
+ADMIN_TOKEN = "bench-admin-token-0123"
 NONCE = b"__NONCE__"
 COMMON_WORDS = [
     "the",

@@ -214,8 +214,9 @@ def _exit_with(gateway_pid: int) -> None:
     A worker blocks on its call queue, whose write end it holds itself (the queue travels pickled
     whole), so a gateway killed with SIGKILL never shows it an EOF: without this it, and through
     the lifeline pipe it holds the fork server, live on (hundreds of MB each) until someone kills
-    them. PR_SET_PDEATHSIG cannot say it: the worker's parent is the fork server, and the fork
-    server's is whichever gateway thread first started it (the prewarm thread, gone at once).
+    them. PR_SET_PDEATHSIG does not fit: it fires when the parent *thread* ends, and a worker's
+    parent is the fork server, whose own parent thread is whichever gateway thread first needed it
+    (the prewarm thread, which ends at once).
     """
     try:
         pidfd = os.pidfd_open(gateway_pid)

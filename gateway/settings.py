@@ -13,12 +13,16 @@ from pydantic import Field, SecretStr, field_validator
 from gateway.backends.engine_list import EngineSpec, parse_engines
 from kvgate.settings import KvgateSettings
 
+MIN_ADMIN_TOKEN_CHARS = 16
+
 
 class GatewaySettings(KvgateSettings):
     host: str = Field("127.0.0.1", description="Address `kvgate serve` listens on.")
     port: int = Field(8080, ge=0, le=65535, description="Port `kvgate serve` listens on.")
     admin_token: SecretStr | None = Field(
-        None, description="Bearer token for /admin/v1; generated once and stored hashed when unset."
+        None,
+        description="Bearer token for /admin/v1 and the operator's /login, at least 16 characters; generated "
+        "once and stored hashed when unset.",
     )
     secret: SecretStr | None = Field(
         None, description="Server secret for cache salts; generated once and stored when unset."
@@ -159,6 +163,14 @@ class GatewaySettings(KvgateSettings):
     vllm_block_size: int = Field(
         16, gt=0, description="With vLLM engines: their --block-size, the unit in which their cache writes are billed."
     )
+
+    @field_validator("admin_token")
+    @classmethod
+    def _admin_token_length(cls, token: SecretStr | None) -> SecretStr | None:
+        # A short admin token falls to guessing even at the lock-out's pace (gateway/admin_attempts.py).
+        if token is not None and len(token.get_secret_value()) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"KVGATE_ADMIN_TOKEN must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
+        return token
 
     @field_validator("engines")
     @classmethod

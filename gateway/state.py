@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from gateway.admin_attempts import AdminAttempts
 from gateway.auth_cache import PrincipalCache
 from gateway.auth_invalidation import AuthInvalidation, Eviction
 from gateway.backends.base import EngineClient
@@ -44,6 +45,8 @@ class Gateway:
     prep: PrepareContext
     workers: RequestWorkers
     db_health: DatabaseHealth = field(default_factory=DatabaseHealth)
+    # Wrong admin tokens, by client address (/admin/v1 and /login).
+    admin_attempts: AdminAttempts = field(default_factory=AdminAttempts)
     # Admitted requests not yet recorded, on disk (None when KVGATE_INFLIGHT_JOURNAL is off).
     journal: InflightJournal | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)

@@ -102,6 +102,8 @@ async def issue_login_link(
     """A fresh single-use login URL for `member` and when it expires."""
     token = secrets.token_urlsafe(_LINK_RANDOM_BYTES)
     expires_at = utcnow() + ttl
+    # The newest link is the only one that works: one forwarded or left in an old mail is dead.
+    await session.execute(delete(LoginLink).where(LoginLink.member_id == member.id, LoginLink.used_at.is_(None)))
     session.add(LoginLink(token_hash=hash_secret(token), member_id=member.id, expires_at=expires_at))
     await session.commit()
     return f"{base_url.rstrip('/')}{LINK_PATH}{token}", expires_at

@@ -82,8 +82,13 @@ ContextDep = Annotated[RequestContext, Depends(get_request_context)]
 
 async def require_admin(request: Request, gw: GatewayDep) -> None:
     token = _bearer(request)
+    address = request.client.host if request.client else ""
+    gw.admin_attempts.check(address)  # a 429 while this address is locked out: the token is not even tried
     if token is None or not gw.admin.verify(token):
+        if token is not None:
+            gw.admin_attempts.failed(address)
         raise AuthenticationError("a valid admin token is required (Authorization: Bearer <token>)")
+    gw.admin_attempts.succeeded(address)
 
 
 AdminDep = Depends(require_admin)

@@ -84,6 +84,18 @@ def _admin_text_problem(body: bytes) -> str | None:
     return lone_surrogate_message(*found) if found else None
 
 
+# Paths that carry a credential: a login link's token is as good as a session until spent.
+SECRET_PATH_PREFIXES = ("/login/",)
+
+
+def logged_path(path: str) -> str:
+    """The path as the logs show it: a credential in it replaced by ***."""
+    for prefix in SECRET_PATH_PREFIXES:
+        if path.startswith(prefix) and len(path) > len(prefix):
+            return prefix + "***"
+    return path
+
+
 def _database_unavailable(scope: Scope, error: BaseException) -> bool:
     gw = getattr(scope["app"].state, "gateway", None)
     if gw is not None:
@@ -228,7 +240,7 @@ class RequestContextMiddleware:
                     if not started:
                         await fail(database_unavailable_error(path))
                 else:
-                    log_failure(log, "unhandled_error", path=path)
+                    log_failure(log, "unhandled_error", path=logged_path(path))
                     if not started:
                         await fail(ApiError("Internal server error"))
             finally:
@@ -236,7 +248,7 @@ class RequestContextMiddleware:
                 log.info(
                     "request",
                     method=scope["method"],
-                    path=path,
+                    path=logged_path(path),
                     status=status,
                     duration_ms=round(seconds * 1000, 2),
                     **fields,

@@ -111,3 +111,67 @@ def test_a_tenants_scheduling_weight_is_set_changed_and_bounded(any_gateway: Gat
         model=any_gateway.model, max_tokens=2, messages=[{"role": "user", "content": "hi"}]
     )
     assert reply.usage.output_tokens >= 1
+
+
+def test_wrong_admin_tokens_lock_out_their_address_and_no_other() -> None:
+    from gateway.admin_attempts import FREE_FAILURES, MAX_LOCKOUT_S, AdminAttempts
+    from kvgate.errors import RateLimitError
+
+    now = [1000.0]
+    attempts = AdminAttempts(clock=lambda: now[0])
+    for _ in range(FREE_FAILURES):
+        attempts.check("10.0.0.1")  # free guesses: no lock-out yet
+        attempts.failed("10.0.0.1")
+    attempts.check("10.0.0.1")
+    attempts.failed("10.0.0.1")
+    try:
+        attempts.check("10.0.0.1")
+        raise AssertionError("locked out after the free failures")
+    except RateLimitError as exc:
+        assert exc.headers["retry-after"] == "2"
+    attempts.check("10.0.0.2")  # another address is not slowed
+    now[0] += 2.5
+    attempts.check("10.0.0.1")
+    attempts.failed("10.0.0.1")  # each further failure doubles the wait, up to the cap
+    now[0] += 3.0
+    try:
+        attempts.check("10.0.0.1")
+        raise AssertionError("the second lock-out is longer")
+    except RateLimitError:
+        pass
+    for _ in range(30):
+        now[0] += MAX_LOCKOUT_S + 1
+        attempts.failed("10.0.0.1")
+    now[0] += MAX_LOCKOUT_S + 1
+    attempts.check("10.0.0.1")  # capped: never locked for longer than MAX_LOCKOUT_S
+    attempts.succeeded("10.0.0.1")  # a right token clears the address
+    attempts.failed("10.0.0.1")
+    attempts.check("10.0.0.1")
+
+
+def test_the_admin_api_answers_429_after_repeated_wrong_tokens(gateway: GatewayServer) -> None:
+    import time
+
+    from gateway.admin_attempts import FREE_FAILURES
+
+    base = gateway.base_url
+    wrong = {"authorization": "Bearer a-wrong-admin-token"}
+    statuses = [httpx.get(f"{base}/admin/v1/tenants", headers=wrong).status_code for _ in range(FREE_FAILURES + 1)]
+    assert statuses == [401] * (FREE_FAILURES + 1)
+    locked = gateway.admin.get("/admin/v1/tenants")  # even the right token waits out the lock-out
+    assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+    assert locked.json()["error"]["type"] == "rate_limit_error"
+    time.sleep(int(locked.headers["retry-after"]) + 0.2)
+    assert gateway.admin.get("/admin/v1/tenants").status_code == 200  # and clears the address
+    assert httpx.get(f"{base}/admin/v1/tenants", headers=wrong).status_code == 401
+    assert gateway.admin.get("/admin/v1/tenants").status_code == 200
+
+
+def test_a_short_configured_admin_token_is_refused() -> None:
+    import pytest
+
+    from gateway.settings import GatewaySettings
+
+    with pytest.raises(ValueError, match="at least 16"):
+        GatewaySettings(admin_token="short")
+    assert GatewaySettings(admin_token="x" * 16).admin_token is not None

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from transformers import AutoTokenizer
 
@@ -98,19 +99,26 @@ def test_a_sigkilled_gateway_takes_its_fork_server_and_workers_with_it(tiny_llam
 
     serve = Serve(database_url=f"sqlite:///{tmp_path / 'kvgate.db'}", model_dir=tiny_llama_dir, workdir=tmp_path)
     try:
-        # The prewarm starts the fork server (a child of serve) and one worker (the fork server's child).
-        deadline = time.monotonic() + 120
-        while True:
-            tree = _descendants(serve.process.pid)
-            fork_servers = [
-                pid
-                for pid in _children(serve.process.pid)
-                if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
-            ]
-            if fork_servers and any(_children(pid) for pid in fork_servers):
-                break
-            assert time.monotonic() < deadline, f"no fork server with a worker under kvgate serve: {tree}"
-            time.sleep(0.2)
+        tenant = serve.admin.post("/admin/v1/tenants", json={"name": "t"}).json()["id"]
+        key = serve.admin.post(f"/admin/v1/tenants/{tenant}/keys", json={"name": "k"}).json()["key"]
+        # A body above the inline limit is prepared in a worker; once it is answered, the worker sits
+        # idle on its call queue, where a gateway's SIGKILL used to leave it (and its fork server) for good.
+        headers = {"x-api-key": key, "anthropic-version": "2023-06-01"}
+        model = httpx.get(f"{serve.base_url}/v1/models", headers=headers).json()["data"][0]["id"]
+        body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "word " * 4000}]}
+        answered = httpx.post(
+            f"{serve.base_url}/v1/messages",
+            json=body,
+            headers=headers,
+            timeout=120,
+        )
+        assert answered.status_code == 200, answered.text
+        fork_servers = [
+            pid for pid in _children(serve.process.pid) if b"forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
+        workers = [worker for pid in fork_servers for worker in _children(pid)]
+        assert fork_servers and workers, f"no fork server with a worker under kvgate serve:\n{serve.log()}"
+        tree = _descendants(serve.process.pid)
         assert all(_running(pid) for pid in tree)
     finally:
         serve.process.kill()

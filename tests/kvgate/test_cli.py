@@ -66,7 +66,7 @@ def test_an_empty_listing_says_none_in_a_table_and_stays_parseable_otherwise(wor
     migrate("sqlite:///kvgate.db")
     assert kvgate("tenants", "list").stdout == "(none)\n"
     assert json.loads(kvgate("tenants", "list", "-o", "json").stdout) == []
-    assert kvgate("tenants", "list", "-o", "csv").stdout == "id,name,status,created_at\n"
+    assert kvgate("tenants", "list", "-o", "csv").stdout == "id,name,status,created_at,scheduling_weight\n"
     kvgate("tenants", "create", "Only")
     assert "(none)" not in kvgate("tenants", "list").stdout
 

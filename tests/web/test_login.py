@@ -142,9 +142,9 @@ def test_sessions_expire(any_dashboard: Dashboard) -> None:
 
 def test_removing_a_member_ends_their_session_and_their_links(any_dashboard: Dashboard) -> None:
     member = any_dashboard.new_member()
-    spare = any_dashboard.new_link(member)
     with any_dashboard.client_for(member.login_url) as client:
         assert client.get("/").status_code == 200
+        spare = any_dashboard.new_link(member)  # issued after the first was spent (a new one retires older ones)
         admin = any_dashboard.admin
         other_tenant = any_dashboard.new_tenant()
         # Another tenant's URL with this member's id: not found, and the member is untouched.
@@ -260,3 +260,20 @@ def test_kvgate_members_invite_prints_a_working_link(any_dashboard: Dashboard) -
         check=False,
     )
     assert bad.returncode == 1 and "not found" in bad.stderr and bad.stdout == ""
+
+
+def test_a_new_link_retires_the_older_unused_ones_and_no_token_is_logged(any_dashboard: Dashboard, capfd) -> None:
+    member = any_dashboard.new_member()
+    older = any_dashboard.new_link(member)
+    newest = any_dashboard.new_link(member)
+    with any_dashboard.client() as client:
+        refused = client.get(older.removeprefix(any_dashboard.base_url))
+        assert refused.status_code == 400 and "kvgate_session" not in refused.headers.get("set-cookie", "")
+        assert client.get(newest.removeprefix(any_dashboard.base_url)).status_code == 303  # the newest works
+    token = newest.rsplit("/", 1)[1]
+    logged = capfd.readouterr()
+    assert "/login/***" in logged.out + logged.err  # the request line is there, without its token
+    assert token not in logged.out + logged.err
+    from gateway.api.middleware import logged_path
+
+    assert logged_path(f"/login/{token}") == "/login/***" and logged_path("/login") == "/login"

@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 
 from gateway.api.deps import GatewayDep
 from gateway.security import constant_time_equal
+from kvgate.errors import RateLimitError
 from web.deps import (
     CSRF_FIELD,
     SESSION_COOKIE,
@@ -30,9 +31,12 @@ router = APIRouter()
 LOGIN_CSRF_COOKIE = "kvgate_login_csrf"
 
 
-def _login_page(request: Request, *, status_code: int = 200, error: str | None = None) -> Response:
+def _login_page(
+    request: Request, *, status_code: int = 200, error: str | None = None, headers: dict[str, str] | None = None
+) -> Response:
     token = request.cookies.get(LOGIN_CSRF_COOKIE) or secrets.token_urlsafe(32)
     response = page(request, "login.html", status_code=status_code, viewer=None, csrf_token=token, error=error)
+    response.headers.update(headers or {})
     response.set_cookie(
         LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", secure=is_secure(request), path="/login"
     )
@@ -70,8 +74,16 @@ async def operator_login(
     expected = request.cookies.get(LOGIN_CSRF_COOKIE, "")
     if not expected or not csrf_token or not constant_time_equal(csrf_token, expected):
         return _login_page(request, status_code=403, error="The form expired. Please try again.")
+    address = request.client.host if request.client else ""
+    try:
+        gw.admin_attempts.check(address)
+    except RateLimitError as exc:
+        return _login_page(request, status_code=429, error=exc.message, headers=exc.headers)
     if not admin_token or not gw.admin.verify(admin_token):
+        if admin_token:
+            gw.admin_attempts.failed(address)
         return _login_page(request, status_code=401, error="That is not the admin token.")
+    gw.admin_attempts.succeeded(address)
     async with gw.sessions() as session:
         token = await start_session(
             session, member_id=None, ttl=timedelta(hours=web_settings(request).session_ttl_hours)
