@@ -45,9 +45,10 @@ def missing(candidate: Any, protocol: type) -> list[str]:
 
 def test_the_protocol_lists_what_the_gateway_uses() -> None:
     expected = {"model_id", "max_model_len", "tokenizer", "start", "shutdown", "apply_chat_template", "submit"}
-    expected |= {"abort", "check_health", "stats"}
+    expected |= {"abort", "check_health", "stats", "prepare"}
     assert set(members(EngineClient)) == expected
     assert members(EngineClient)["check_health"] and not members(EngineClient)["submit"]
+    assert members(EngineClient)["prepare"]  # awaited: a grammar compiles off the loop
     assert {"request_id", "prompt_usage", "result", "cancel"} <= set(members(Handle))
 
 
