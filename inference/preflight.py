@@ -8,7 +8,6 @@ otherwise surface only after the model has loaded, or as write failures under lo
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
 import tempfile
@@ -16,6 +15,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from inference.platform import ISA_ORDER, have_compiler, this_cpu
+from inference.server.drain import is_loopback
 from inference.settings import EngineSettings
 from kvgate.preflight import StartupError, check_port
 
@@ -112,12 +112,7 @@ def check_engine_exposure(host: str, settings: EngineSettings) -> None:
 
 
 def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host == "localhost" or is_loopback(host)
 
 
 def check_engine_start(host: str, port: int, settings: EngineSettings) -> None:

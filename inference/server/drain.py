@@ -22,13 +22,14 @@ uvicorn server's should_exit); an app run otherwise stays up, refusing work, onc
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import structlog
+
+from inference.server.auth import token_matches
 
 if TYPE_CHECKING:
     from inference.server.state import ServerState
@@ -91,6 +92,5 @@ def is_loopback(host: str | None) -> bool:
 def may_drain(*, client_host: str | None, authorization: str | None, token: str | None) -> bool:
     """With a token configured, whoever presents it; without, loopback clients only."""
     if token:
-        presented = (authorization or "").removeprefix("Bearer ").strip()
-        return hmac.compare_digest(presented.encode(), token.encode())
+        return token_matches(authorization, token)
     return is_loopback(client_host)
