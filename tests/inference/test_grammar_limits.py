@@ -130,7 +130,9 @@ async def test_compiling_runs_on_a_thread_and_the_loop_keeps_turning(engine: Asy
     assert all(engine.core.structured.is_compiled(_heavy(f"t{i}").structured) for i in range(3))
     # The compiles took a while, and the loop never stalled for anything like that long.
     assert compile_s > 0.2, compile_s
-    assert worst < 0.1, (worst, compile_s)
+    # A compile holding the loop would stall it for a whole compile (a third of compile_s or more:
+    # three compiles, two threads); on a loaded machine the loop thread still waits its turn for a core.
+    assert worst < max(0.1, compile_s / 4), (worst, compile_s)
     out = await engine.generate(random_prompt(random.Random(1), 20), _heavy("t0"))
     assert out.finish_reason in ("stop", "length")
 
