@@ -120,6 +120,7 @@ class PromptRenderer:
         self._apply = apply_chat_template
         self._tokenizer = tokenizer
         self._tools_supported: bool | None = None
+        self._added: dict[str, int] | None = None
         self.bounds = bounds
         self._max_prompt_tokens = max_prompt_tokens
         # The Rust tokenizer of a fast (tokenizers-backed) tokenizer; see _encode.
@@ -133,6 +134,12 @@ class PromptRenderer:
             tool = _dummy_tool("kvgate_probe")
             self._tools_supported = self._apply(probe, tools=[tool]) != self._apply(probe)
         return self._tools_supported
+
+    def added_token(self, text: str) -> int | None:
+        """The id of the added token `text` is (Qwen's `<tool_call>`), or None where it is ordinary text."""
+        if self._added is None:
+            self._added = dict(getattr(self._tokenizer, "get_added_vocab", dict)())
+        return self._added.get(text)
 
     def count_tokens(self, text: str) -> int:
         return len(self._encode(text, offsets=False)[0])

@@ -79,10 +79,12 @@ def sampling_params(
     )
 
 
-def with_tools(chat: Chat, sampling: SamplingParams) -> tuple[SamplingParams, ToolParsing | None]:
+def with_tools(
+    chat: Chat, sampling: SamplingParams, renderer: PromptRenderer
+) -> tuple[SamplingParams, ToolParsing | None]:
     """The sampling with the grammar a forced tool_choice needs, and what to parse from the output."""
     definitions = [t.definition for t in chat.tools]
-    grammar = forcing_grammar(definitions, chat.tool_choice)
+    grammar = forcing_grammar(definitions, chat.tool_choice, renderer.added_token)
     if grammar is not None:
         sampling = replace(sampling, structured=grammar)
     return sampling, parsing_for(definitions, chat.tool_choice)
@@ -111,7 +113,7 @@ def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) 
         stop=tuple(request.stop_sequences or ()),
         structured=anthropic_structured(request.output_config),
     )
-    sampling, tools = with_tools(chat, sampling)
+    sampling, tools = with_tools(chat, sampling, ctx.renderer)
     regions = breakpoint_regions(prompt.breakpoints, min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
@@ -131,7 +133,7 @@ def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompleti
         stop=request.stop_sequences,
         structured=openai_structured(request.response_format),
     )
-    sampling, tools = with_tools(chat, sampling)
+    sampling, tools = with_tools(chat, sampling, ctx.renderer)
     regions = plan.regions(prompt.breakpoints, prompt_tokens=len(prompt.token_ids), min_tokens=ctx.min_cacheable_tokens)
     return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 

@@ -57,7 +57,7 @@ def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context:
     structured = structured_output(request)
     if structured is not None:
         sampling = replace(sampling, structured=structured)
-    sampling, tools = with_tools(chat, sampling)
+    sampling, tools = with_tools(chat, sampling, ctx.renderer)
     if tools is not None and request.max_tool_calls is not None:
         tools = replace(tools, max_calls=min(tools.max_calls or request.max_tool_calls, request.max_tool_calls))
     # Input parts carry no breakpoints here (prompt_cache_breakpoint is refused on /v1/responses), so the

@@ -4,11 +4,18 @@ Forcing (Anthropic "any"/"tool", OpenAI "required"/a named function) is constrai
 decoding: the output must be exactly one call in the generic format, `<tool_call>`,
 a JSON object {"name": <one of the allowed tools>, "arguments": <its input schema>},
 `</tool_call>`. The grammar is llguidance's Lark dialect with `%json` for the schema.
+
+The tags follow the tokenizer: where the vocabulary holds `<tool_call>` as one added
+token (Qwen's 151657), the grammar names that token (`<[151657]>`), because llguidance
+matches added tokens as tokens, never as the text they decode to; elsewhere the tags are
+text. Forcing is grammar alone: no instruction enters the prompt, so the tools and the
+system text render the same for every tool_choice and stay cached across a change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,19 +37,6 @@ class ToolChoice:
     @property
     def forced(self) -> bool:
         return self.mode in ("any", "tool")
-
-    def instruction(self) -> str:
-        """The line the generic format adds after the tool list (empty for plain auto)."""
-        lines = []
-        if self.mode == "none":
-            lines.append("Do not call any function in this reply: answer in plain text.")
-        elif self.mode == "any":
-            lines.append("You must call one of the functions in this reply.")
-        elif self.mode == "tool":
-            lines.append(f"You must call the function {self.name} in this reply.")
-        if not self.parallel and self.mode != "none":
-            lines.append("Make at most one function call.")
-        return "\n".join(lines)
 
 
 AUTO = ToolChoice()
@@ -111,14 +105,34 @@ def _rebased(value: Any) -> Any:
     return out
 
 
-def forcing_grammar(definitions: Sequence[dict[str, Any]], choice: ToolChoice) -> StructuredOutput | None:
+TokenOf = Callable[[str], int | None]
+"""The id of the added token a text is, or None where the vocabulary spells it in ordinary tokens."""
+
+TOOL_CALL_OPEN = "<tool_call>"
+TOOL_CALL_CLOSE = "</tool_call>"
+
+
+def no_added_tokens(_text: str) -> int | None:
+    return None
+
+
+def tag_term(tag: str, token_of: TokenOf) -> str:
+    """A tag as a grammar term: the token where the vocabulary has it as one, else the text."""
+    token = token_of(tag)
+    return f"<[{token}]>" if token is not None else json.dumps(tag)
+
+
+def forcing_grammar(
+    definitions: Sequence[dict[str, Any]], choice: ToolChoice, token_of: TokenOf = no_added_tokens
+) -> StructuredOutput | None:
     """The grammar that forces one call of an allowed tool, or None when nothing is forced."""
     if not choice.forced:
         return None
     functions = [function_of(d) for d in definitions]
     if choice.mode == "tool":
         functions = [f for f in functions if f["name"] == choice.name]
-    rules = [r'start: "<tool_call>\n" call "\n</tool_call>"']
+    opening, closing = tag_term(TOOL_CALL_OPEN, token_of), tag_term(TOOL_CALL_CLOSE, token_of)
+    rules = [f'start: {opening} "\\n" call "\\n" {closing}']
     rules.append("call: " + " | ".join(f"call_{i}" for i in range(len(functions))))
     for i, function in enumerate(functions):
         # Compact JSON (lark_json): with free whitespace a small model can loop on blanks.

@@ -9,7 +9,9 @@ so the prompt reads tools, system, messages (the order Anthropic caches in):
     {"name": ..., "description": ..., "parameters": {...}}      one JSON line per tool
     </tools>
     <how to call>
-    <the tool_choice line, if any>
+
+tool_choice adds nothing here (forcing is a grammar, gateway.tools.choice): the preamble
+is the same for every tool_choice, so changing it keeps the tools and system cached.
 
 The assistant's calls are `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
 (Hermes/Qwen style, which is also what gateway.tools.parse reads back), and tool
@@ -24,10 +26,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.tools.choice import ToolChoice, function_of
-
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
+from gateway.tools.choice import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, function_of
 
 PREAMBLE_HEAD = (
     "# Tools\n\n"
@@ -54,12 +53,9 @@ def tool_line(definition: dict[str, Any]) -> str:
     return _dumps(line)
 
 
-def preamble(definitions: Sequence[dict[str, Any]], choice: ToolChoice) -> str:
+def preamble(definitions: Sequence[dict[str, Any]]) -> str:
     """The tools part of the system message (no trailing separator)."""
-    lines = "".join(tool_line(d) + "\n" for d in definitions)
-    text = PREAMBLE_HEAD + lines + PREAMBLE_TAIL
-    instruction = choice.instruction()
-    return f"{text}\n{instruction}" if instruction else text
+    return PREAMBLE_HEAD + "".join(tool_line(d) + "\n" for d in definitions) + PREAMBLE_TAIL
 
 
 def call_text(name: str, arguments: dict[str, Any]) -> str:

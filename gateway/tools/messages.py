@@ -43,7 +43,7 @@ def template_messages(
             rendered, from_tool = _generic(message.role, message.parts, mark, names)
             _append_generic(out, tool_turns, rendered, from_tool)
     if tool_defs and not native:
-        head = preamble(tool_defs, chat.tool_choice)
+        head = preamble(tool_defs)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": head + BLOCK_SEPARATOR + out[0]["content"]}
         else:

@@ -9,19 +9,26 @@ not an object, an unknown tool name, arguments that are not an object) can still
 out as the text it was. Whitespace between text and calls is dropped; an output
 without calls comes out exactly as generated. With max_calls, what follows the last
 allowed call is dropped.
+
+Small models often leave the tags out (Qwen2.5-Coder-0.5B writes a bare object, or one in
+a ```json fence). An output that starts with `{` or a fence is held until it ends; when
+the whole of it is one such object naming a tool of the request, with arguments that fit
+that tool's schema (gateway.tools.arguments_fit), it is a call. Anything else is read as
+above: tagged calls and text.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import string
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.tools.choice import ToolChoice, function_of
-from gateway.tools.format import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from gateway.tools.arguments_fit import arguments_fit
+from gateway.tools.choice import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, ToolChoice, function_of
 
 ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -37,15 +44,19 @@ class ToolParsing:
 
     names: frozenset[str]
     max_calls: int | None = None
+    # Each tool's parameters schema: what an untagged call's arguments must fit.
+    schemas: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
 
 def parsing_for(definitions: Iterable[dict[str, Any]], choice: ToolChoice) -> ToolParsing | None:
     """What to parse from the output of a request with these tools: nothing without tools or with
     tool_choice none; one call when parallel calls are off or a call is forced (the grammar allows one)."""
-    names = frozenset(function_of(d)["name"] for d in definitions)
+    functions = [function_of(d) for d in definitions]
+    names = frozenset(f["name"] for f in functions)
     if not names or choice.mode == "none":
         return None
-    return ToolParsing(names, 1 if (choice.forced or not choice.parallel) else None)
+    schemas = {f["name"]: f.get("parameters") or {"type": "object"} for f in functions}
+    return ToolParsing(names, 1 if (choice.forced or not choice.parallel) else None, schemas)
 
 
 @dataclass(frozen=True)
@@ -83,6 +94,7 @@ class ToolCallParser:
         self._done = False  # max_calls reached: the rest is dropped
         self._pending_ws = ""  # trailing whitespace of the text so far, out only if more text follows
         self._after_call = False
+        self._bare: bool | None = None  # whether the output may be one untagged call (None: not known yet)
         self.calls = 0
 
     def feed(self, text: str) -> list[ParseEvent]:
@@ -90,6 +102,14 @@ class ToolCallParser:
         if self._done:
             return out
         self._buffer += text
+        if self._bare is None:
+            self._bare = _may_be_bare(self._buffer)
+        if self._bare is not False:
+            return out  # held: the whole output may be one untagged call
+        self._scan(out)
+        return out
+
+    def _scan(self, out: list[ParseEvent]) -> None:
         while not self._done:
             if self._in_call:
                 end = self._buffer.find(TOOL_CALL_CLOSE)
@@ -108,11 +128,18 @@ class ToolCallParser:
                 self._text(self._buffer[:start], out)
                 self._buffer = self._buffer[start + len(TOOL_CALL_OPEN) :]
                 self._in_call = True
-        return out
 
     def close(self) -> list[ParseEvent]:
         """The output ended: what was held back goes out (an unclosed call counts if its JSON is whole)."""
         out: list[ParseEvent] = []
+        if self._bare is not False:
+            self._bare = False
+            call = self._bare_call(self._buffer)
+            if call is not None:
+                self._buffer = ""
+                self.calls += 1
+                return [CallOut(call)]
+            self._scan(out)
         if not self._done:
             if self._in_call:
                 self._end_call(self._buffer, closed=False, out=out)
@@ -136,10 +163,18 @@ class ToolCallParser:
         if self._parsing.max_calls is not None and self.calls >= self._parsing.max_calls:
             self._done = True
 
+    def _bare_call(self, text: str) -> ParsedCall | None:
+        body = text.strip()
+        fenced = FENCED.fullmatch(body)
+        call = self._call(fenced.group(1) if fenced else body)
+        if call is None or not arguments_fit(call.input, self._parsing.schemas.get(call.name, {})):
+            return None
+        return call
+
     def _call(self, body: str) -> ParsedCall | None:
         try:
             value = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         if not isinstance(value, dict) or value.get("name") not in self._parsing.names:
             return None
@@ -164,6 +199,22 @@ class ToolCallParser:
         self._pending_ws = text[len(body) :]
         if body:
             out.append(TextOut(body))
+
+
+FENCE = "```"
+# One fenced block: ```, an optional language word, the body, ```.
+FENCED = re.compile(r"```[A-Za-z0-9_-]*[ \t]*\n(.*?)\n?[ \t]*```", re.DOTALL)
+
+
+def _may_be_bare(held: str) -> bool | None:
+    """Whether output starting with `held` may be one untagged call: it opens with `{` or a fence
+    (None while only whitespace or the start of a fence has arrived)."""
+    start = held.lstrip()
+    if not start:
+        return None
+    if start.startswith(("{", FENCE)):
+        return True
+    return None if FENCE.startswith(start) else False
 
 
 def _partial_tag_len(text: str) -> int:

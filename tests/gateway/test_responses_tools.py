@@ -287,3 +287,15 @@ def test_forced_tool_choice_makes_the_real_engine_call_the_tool(server: Server) 
         final = stream.get_final_response()
     assert "response.function_call_arguments.done" in kinds and "response.output_text.delta" not in kinds
     assert [i.type for i in final.output] == ["function_call"] and final.output[0].name == "get_time"
+
+
+def test_a_required_turn_then_an_auto_turn_reads_the_tools_and_instructions(server: Server) -> None:
+    client = server.client()
+    first = client.responses.create(**server.body(tool_choice="required", max_output_tokens=200))
+    (call,) = [item for item in first.output if item.type == "function_call"]
+    written = first.usage.input_tokens_details.cache_write_tokens
+    assert first.usage.input_tokens_details.cached_tokens == 0 and written > 0
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "18 degrees, sunny"}
+    server.scripted.script.append("Sunny.")
+    second = client.responses.create(**server.body(previous_response_id=first.id, input=[output], tool_choice="auto"))
+    assert second.usage.input_tokens_details.cached_tokens >= written

@@ -126,3 +126,59 @@ def test_parse_output_ids_and_parsing_for() -> None:
     assert parsing_for(definitions, ToolChoice()) == ToolParsing(frozenset({"get_weather"}))
     assert parsing_for(definitions, ToolChoice("auto", parallel=False)).max_calls == 1  # type: ignore[union-attr]
     assert parsing_for(definitions, ToolChoice("any")).max_calls == 1  # type: ignore[union-attr]
+
+
+# -- untagged calls: the whole output one JSON object (bare or fenced) ---------------------------
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+SCHEMAS = ToolParsing(frozenset({"get_weather"}), schemas={"get_weather": WEATHER})
+BARE = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+
+
+@pytest.mark.parametrize(
+    "output",
+    [BARE, f"  \n{BARE}\n", f"```json\n{BARE}\n```", f"```\n{BARE}\n```", BARE.replace("arguments", "parameters")],
+    ids=["bare", "spaced", "fenced-json", "fenced", "parameters-key"],
+)
+def test_a_whole_output_that_is_one_fitting_call_is_a_call_at_every_split(output: str) -> None:
+    expected = [("call", "id1", "get_weather", '{"city": "Paris"}')]
+    assert shape(run([output], SCHEMAS)) == expected
+    for cut in range(1, len(output)):
+        assert shape(run([output[:cut], output[cut:]], SCHEMAS)) == expected, cut
+    assert shape(run(list(output), SCHEMAS)) == expected
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        '{"name": "get_stock", "arguments": {"city": "Paris"}}',  # a tool the request did not offer
+        '{"name": "get_weather", "arguments": {"town": "Paris"}}',  # a required argument missing
+        '{"name": "get_weather", "arguments": {"city": "Paris", "unit": "kelvin"}}',  # outside the enum
+        '{"name": "get_weather", "arguments": {"city": 7}}',  # the wrong type
+        f"{BARE} and that is my answer",  # more than the object
+        f"Here you go: {BARE}",  # text first
+        '{"city": "Paris"}',  # no name
+        "{" * 5000 + "}" * 5000,  # nested past the JSON parser's recursion limit
+        "```json\nnot json\n```",
+    ],
+)
+def test_an_output_that_is_not_exactly_one_fitting_call_is_text(output: str) -> None:
+    assert shape(run([output], SCHEMAS)) == [("text", output.strip())]
+    assert shape(run([*output[:300], output[300:]], SCHEMAS)) == [("text", output.strip())]
+
+
+def test_text_that_does_not_open_like_json_streams_at_once_and_tagged_calls_still_parse() -> None:
+    parser = ToolCallParser(SCHEMAS, new_id=lambda: "id1")
+    assert shape(parser.feed("The weather ")) == [("text", "The weather")]
+    held = ToolCallParser(SCHEMAS, new_id=lambda: "id1")
+    assert held.feed("{") == []  # may be a call: held until the output ends
+    assert shape(run([f"```\n{CALL_1}\n```"], TOOLS)) == [
+        ("text", "```"),
+        ("call", "id1", "get_weather", '{"city": "Paris"}'),
+        ("text", "```"),
+    ]

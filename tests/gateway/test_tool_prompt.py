@@ -125,16 +125,14 @@ def test_openai_history_renders_like_anthropic(tokenizer: Any) -> None:
     assert text.endswith("</tool_response><|im_end|>\n<|im_start|>assistant\n")
 
 
-def test_tool_choice_lines_follow_the_tools(tokenizer: Any) -> None:
+def test_every_tool_choice_renders_the_same_prompt(tokenizer: Any) -> None:
+    # Forcing is grammar alone: the tools and the system text stay byte-identical (and cached) across choices.
     r = renderer(tokenizer)
     auto = r.render(anthropic.to_chat(message_request(**turn_one()))).text
-    none = r.render(anthropic.to_chat(message_request(**turn_one(), tool_choice={"type": "none"}))).text
-    named = r.render(anthropic.to_chat(message_request(**turn_one(), tool_choice={"type": "tool", "name": "get_time"})))
-    assert "Do not call any function" in none and "Do not call" not in auto
-    assert "You must call the function get_time" in named.text
-    # The tool list itself is the same text whatever the choice: it stays cacheable across choices.
-    tools_end = auto.index("</tools>")
-    assert none[:tools_end] == auto[:tools_end] == named.text[:tools_end]
+    for choice in ({"type": "none"}, {"type": "any"}, {"type": "tool", "name": "get_time"}, {"type": "auto"}):
+        chosen = r.render(anthropic.to_chat(message_request(**turn_one(), tool_choice=choice))).text
+        assert chosen == auto, choice
+    assert "<tools>" in auto and SYSTEM in auto
 
 
 def test_forcing_grammar_accepts_only_calls_of_the_chosen_tools(tokenizer: Any) -> None:
@@ -283,3 +281,12 @@ def test_forced_calls_whose_parameters_use_defs_compile_and_follow_their_refs(to
     tree = forcing_grammar([{"name": "tree", "parameters": recursive}], ToolChoice("any"))
     assert tree is not None
     check_structured(tree)
+
+
+def test_forcing_grammar_names_added_tag_tokens_as_tokens() -> None:
+    added = {"<tool_call>": 151657, "</tool_call>": 151658}
+    as_tokens = forcing_grammar(openai_tools(), ToolChoice("any"), added.get)
+    as_text = forcing_grammar(openai_tools(), ToolChoice("any"))
+    assert as_tokens is not None and as_text is not None
+    assert as_tokens.value.startswith('start: <[151657]> "\\n" call "\\n" <[151658]>\n')
+    assert as_text.value.startswith('start: "<tool_call>" "\\n" call "\\n" "</tool_call>"\n')

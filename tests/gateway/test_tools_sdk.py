@@ -285,3 +285,30 @@ def test_a_large_tools_body_is_prepared_in_a_worker_with_its_tool_parsing(tools_
     ts.scripted.script.append(CALL)
     message = ts.anthropic().messages.create(**body)
     assert message.stop_reason == "tool_use" and message.content[0].input == {"city": "Paris", "unit": "celsius"}
+
+
+def test_a_tool_choice_change_keeps_tools_and_system_cached_on_both_apis(tools_server: ToolServer) -> None:
+    # Anthropic: a tool_choice change invalidates the message blocks only. Turn 1 forces a call
+    # (the real engine, under the forcing grammar), turn 2 is auto: it reads the tools and system.
+    ts = tools_server
+    prefix = tools_and_system_tokens(ts, first_turn())
+    client = ts.anthropic()
+    body = {**first_turn(), "model": ts.server.model, "max_tokens": 200}
+    first = client.messages.create(**body, tool_choice={"type": "any"})
+    assert first.stop_reason == "tool_use" and first.usage.cache_read_input_tokens == 0
+    ts.scripted.script.append("It is sunny.")
+    second = client.messages.create(**{**body, "max_tokens": 8}, tool_choice={"type": "auto"})
+    assert second.usage.cache_read_input_tokens >= prefix > 100
+    # Its positive twin: a changed system text is a different prefix, and reads none of it.
+    ts.scripted.script.append("It is sunny.")
+    changed = {**body, "max_tokens": 8, "system": [{"type": "text", "text": SYSTEM + " Be brief."}]}
+    assert client.messages.create(**changed, tool_choice={"type": "auto"}).usage.cache_read_input_tokens < prefix
+
+    chat = ts.openai()
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": QUESTION}]
+    common = {"model": ts.server.model, "messages": messages, "tools": openai_tools(), "temperature": 0}
+    forced = chat.chat.completions.create(**common, max_tokens=200, tool_choice="required")
+    assert forced.choices[0].finish_reason == "tool_calls"
+    ts.scripted.script.append("It is sunny.")
+    auto = chat.chat.completions.create(**common, max_tokens=8, tool_choice="auto")
+    assert auto.usage.prompt_tokens_details.cached_tokens >= prefix
