@@ -12,7 +12,7 @@ database outage the last-known-good cache.
 from __future__ import annotations
 
 from gateway.security import hash_secret, looks_like_api_key
-from gateway.services.keys import Principal, authenticate
+from gateway.services.keys import INVALID_KEY, Principal, authenticate
 from gateway.state import Gateway
 from kvgate.db import utcnow
 from kvgate.errors import AuthenticationError, PermissionDeniedError, database_unavailable_error
@@ -21,7 +21,7 @@ from kvgate.errors import AuthenticationError, PermissionDeniedError, database_u
 async def resolve_principal(gw: Gateway, *, presented: str, path: str) -> Principal:
     """The principal for a presented API key, or a 401/403, or a retryable error during an outage."""
     if not looks_like_api_key(presented):
-        raise AuthenticationError("invalid x-api-key")  # no database could make this one valid
+        raise AuthenticationError(INVALID_KEY)  # no database could make this one valid
     digest = hash_secret(presented)
     principal = gw.auth_cache.get(digest)
     if principal is None:

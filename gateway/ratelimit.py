@@ -70,7 +70,37 @@ class Decision:
 
 
 def _rfc3339(epoch_s: float) -> str:
-    return datetime.fromtimestamp(math.ceil(epoch_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(math.ceil(epoch_s), UTC).strftime(_RFC3339)
+
+
+_RFC3339 = "%Y-%m-%dT%H:%M:%SZ"
+_ANTHROPIC_PREFIX = "anthropic-ratelimit-"
+_OPENAI_BUCKETS = {"requests": "requests", "input-tokens": "tokens"}
+
+
+def openai_rate_headers(headers: list[tuple[bytes, bytes]], *, now: float) -> list[tuple[bytes, bytes]]:
+    """Decision.headers() as OpenAI's routes send them: x-ratelimit-{limit,remaining,reset}-{requests,tokens},
+    the reset as the time until the bucket is full ("6m0s"); other headers as they are."""
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers:
+        bucket, _, field = name.decode("latin-1").lower().removeprefix(_ANTHROPIC_PREFIX).rpartition("-")
+        if not name.lower().startswith(_ANTHROPIC_PREFIX.encode()) or bucket not in _OPENAI_BUCKETS:
+            out.append((name, value))
+            continue
+        if field == "reset":
+            at = datetime.strptime(value.decode("latin-1"), _RFC3339).replace(tzinfo=UTC).timestamp()
+            value = _duration(max(0, math.ceil(at - now))).encode()
+        out.append((f"x-ratelimit-{field}-{_OPENAI_BUCKETS[bucket]}".encode(), value))
+    return out
+
+
+def _duration(seconds: int) -> str:
+    """Seconds as OpenAI writes a reset: "0s", "17s", "6m0s", "1h0m0s"."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
 class RateLimiter(Protocol):

@@ -160,8 +160,12 @@ class GatewaySettings(KvgateSettings):
     engine_read_timeout_s: float = Field(
         600.0, gt=0, description="With engine URLs: the longest silence on a request's stream (a long prefill)."
     )
-    vllm_block_size: int = Field(
-        16, gt=0, description="With vLLM engines: their --block-size, the unit in which their cache writes are billed."
+    vllm_block_size: int | None = Field(
+        None,
+        gt=0,
+        description="With vLLM engines: their --block-size, the unit in which their cache writes are billed. Unset: "
+        "the block size each engine publishes in its /metrics (vllm:cache_config_info), else 16; set, an engine "
+        "publishing another refuses to start.",
     )
 
     @field_validator("admin_token")

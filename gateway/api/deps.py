@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from gateway.generation import RequestContext
 from gateway.principals import resolve_principal
-from gateway.services.keys import Principal
+from gateway.services.keys import INVALID_KEY, Principal
 from gateway.settings import GatewaySettings
 from gateway.state import Gateway
 from kvgate.errors import AuthenticationError, database_unavailable_error
@@ -53,10 +53,17 @@ def _bearer(request: Request) -> str | None:
 
 async def _principal(request: Request, gw: Gateway) -> Principal:
     """Authenticate the tenant's key (x-api-key or Authorization: Bearer)."""
-    presented = request.headers.get("x-api-key") or _bearer(request)
+    x_api_key = request.headers.get("x-api-key")
+    presented = x_api_key or _bearer(request)
     if not presented:
         raise AuthenticationError("x-api-key header is required")
-    principal = await resolve_principal(gw, presented=presented, path=request.url.path)
+    try:
+        principal = await resolve_principal(gw, presented=presented, path=request.url.path)
+    except AuthenticationError as error:
+        if x_api_key or error.message != INVALID_KEY:
+            raise
+        # The key came as Authorization: Bearer (OpenAI's clients): the message names that header.
+        raise AuthenticationError("invalid API key in the Authorization: Bearer header") from None
     log = request.scope["state"].get("log")
     if isinstance(log, dict):
         log.update(tenant_id=principal.tenant_id, api_key_id=principal.api_key_id)

@@ -115,6 +115,10 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
             error: KvgateError = NotFoundError(f"not found: {request.method} {request.url.path}")
+        elif exc.status_code == 405:  # with `allow`; OpenAI's clients get a code, not null
+            message = f"method not allowed: {request.method} {request.url.path}"
+            error = InvalidRequestError(message, headers=dict(exc.headers or {}))
+            error.status, error.openai_code = 405, "method_not_allowed"
         else:
             error = InvalidRequestError(str(exc.detail), headers=dict(exc.headers or {}))
             error.status = exc.status_code

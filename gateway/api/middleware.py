@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.api.errors import dialect_for, render_error
 from gateway.logs import log_failure
+from gateway.ratelimit import openai_rate_headers
 from gateway.unicode_text import lone_surrogate, lone_surrogate_message, may_hold_surrogate
 from kvgate.db import utcnow
 from kvgate.db_health import is_database_unavailable
@@ -144,6 +145,8 @@ class RequestContextMiddleware:
                 # request-id is Anthropic's header, x-request-id OpenAI's (the SDKs' `_request_id`); both, everywhere.
                 rid = request_id.encode()
                 message["headers"] = [*message.get("headers", []), (b"request-id", rid), (b"x-request-id", rid)]
+                if dialect_for(path, headers) == "openai":  # rate limits under OpenAI's names there
+                    message["headers"] = openai_rate_headers(message["headers"], now=time.time())
             await send(message)
 
         received = 0

@@ -3,8 +3,10 @@
 Each request is one streamed POST /v1/completions (gateway.backends.http_wire): the prompt as
 token ids, the tenant's salt as `cache_salt`, kvgate's `cache_regions` where the engine is
 kvgate's. The handle sets prompt_usage from the first chunk that carries it, before handing out
-the first delta; for a vLLM engine (which reports no cache counts until the end) it is the whole
-prompt as input until then. result() carries the engine's final counts (derived writes for vLLM).
+the first delta; for a vLLM engine (which reports no cache counts until the end) it is the router's
+predicted reads and the writes they imply until then (shown in a stream's first event, never billed).
+result() carries the engine's final counts (derived writes for vLLM). A vLLM engine's block size is
+the one its /metrics publishes (http_wire.vllm_block_size).
 
 A connection that fails or breaks ends the request "error" with error_kind "unavailable" and the
 usage of what was sent (transport_failed says it was the connection, not an HTTP answer): the pool
@@ -28,6 +30,9 @@ from gateway.backends.http_wire import (
     completion_body,
     kvgate_usage,
     parse_chunk,
+    published_block_size,
+    vllm_block_size,
+    vllm_start_usage,
     vllm_usage,
 )
 from gateway.backends.queued_handle import QueuedHandle
@@ -81,12 +86,13 @@ class HttpEngine:
         base_url: str,
         *,
         model: ServedModel,
-        vllm_block_size: int = 16,
+        vllm_block_size: int | None = None,
         read_timeout_s: float = 600.0,
         client: httpx.AsyncClient | None = None,
         token: str | None = None,
     ) -> None:
-        """token: the engine's KVGATE_ENGINE_TOKEN (or vLLM's --api-key), sent as a bearer token on every call."""
+        """token: the engine's KVGATE_ENGINE_TOKEN (or vLLM's --api-key), sent as a bearer token on every call.
+        vllm_block_size: KVGATE_VLLM_BLOCK_SIZE (None: what a vLLM engine publishes; http_wire.vllm_block_size)."""
         self.base_url = base_url.rstrip("/") + "/"
         self._headers = {"authorization": f"Bearer {token}"} if token else {}
         self.model = model
@@ -143,7 +149,9 @@ class HttpEngine:
         cache: CacheSpec,
         request_id: str | None = None,
         share: FairShare | None = None,
+        predicted_cached_tokens: int = 0,
     ) -> HttpHandle:
+        """predicted_cached_tokens: what the router expects a vLLM engine to read (see HttpHandle._deliver)."""
         if self.info is None:
             raise EngineUnavailableError(f"the engine at {self.base_url} has not answered yet")
         request_id = request_id or f"http-{uuid.uuid4().hex}"
@@ -155,7 +163,7 @@ class HttpEngine:
             flavour=self.info.flavour,
             share=share,
         )
-        handle = HttpHandle(self, request_id, tuple(prompt_token_ids), cache, body)
+        handle = HttpHandle(self, request_id, tuple(prompt_token_ids), cache, body, predicted_cached_tokens)
         self._handles[request_id] = handle
         handle.start()
         return handle
@@ -220,16 +228,29 @@ class HttpEngine:
             info = {}
         if not isinstance(info, dict):
             info = {}
+        block_size = int(info.get("block_size") or 16) if flavour == "kvgate" else await self._vllm_block_size()
         return EngineInfo(
             engine_id=str(info.get("engine_id") or self.base_url.rstrip("/")),
             model_id=self.model_id,
             max_model_len=int(card.get("max_model_len") or 0) or 2048,
             flavour=flavour,
-            block_size=int(info.get("block_size") or (16 if flavour == "kvgate" else self.vllm_block_size)),
+            block_size=block_size,
             hash_algo=str(info.get("hash_algo") or "sha256"),
             kv_events_subject=str(info["kv_events_subject"]) if info.get("kv_events_subject") else None,
             shared_tier=bool(info.get("shared_tier")),
         )
+
+    async def _vllm_block_size(self) -> int:
+        """The block size a vLLM engine's /metrics publishes, checked against KVGATE_VLLM_BLOCK_SIZE."""
+        try:
+            metrics = await self.client.get(self._url("metrics"), timeout=PROBE_TIMEOUT_S, headers=self._headers)
+            text = metrics.text if metrics.status_code == 200 else ""
+        except httpx.HTTPError:
+            text = ""  # no /metrics: the configured size, else the default
+        try:
+            return vllm_block_size(published=published_block_size(text), configured=self.vllm_block_size)
+        except WireError as exc:
+            raise EngineMismatchError(f"the vLLM engine at {self.base_url} {exc}") from exc
 
     def _forget(self, request_id: str) -> None:
         self._handles.pop(request_id, None)
@@ -239,7 +260,13 @@ class HttpHandle(QueuedHandle):
     """One streamed completion on one engine."""
 
     def __init__(
-        self, engine: HttpEngine, request_id: str, prompt_token_ids: tuple[int, ...], cache: CacheSpec, body: dict
+        self,
+        engine: HttpEngine,
+        request_id: str,
+        prompt_token_ids: tuple[int, ...],
+        cache: CacheSpec,
+        body: dict,
+        predicted_cached_tokens: int = 0,
     ) -> None:
         super().__init__(request_id, prompt_token_ids)
         assert engine.info is not None
@@ -247,6 +274,7 @@ class HttpHandle(QueuedHandle):
         self.info = engine.info
         self.cache = cache
         self.body = body
+        self.predicted_cached_tokens = predicted_cached_tokens
         self.placement = Placement(self.info.flavour, self.info.engine_id)
         self.transport_failed = False  # the connection failed or broke (the engine is likely down)
         self.sent_any = False  # a delta was handed out
@@ -254,7 +282,8 @@ class HttpHandle(QueuedHandle):
         self._ttft_s: float | None = None
 
     def _usage_so_far(self) -> Usage:
-        prompt = self.prompt_usage or Usage(len(self.prompt_token_ids), 0, 0, 0)
+        known = self.prompt_usage if self.info.flavour == "kvgate" else None  # vLLM's is a prediction: not billed
+        prompt = known or Usage(len(self.prompt_token_ids), 0, 0, 0)
         return Usage(
             prompt.prompt_tokens,
             prompt.cached_tokens,
@@ -333,8 +362,16 @@ class HttpHandle(QueuedHandle):
         return final
 
     def _deliver(self, text: str, usage: dict[str, Any] | None) -> None:
-        if self.prompt_usage is None:
-            # No counts before the first token (vLLM): the prompt as input until the final usage.
+        if self.prompt_usage is None and self.info.flavour == "vllm":
+            # vLLM counts its cache only in the final usage: until then (for a stream's first event, Anthropic's
+            # message_start) the router's predicted reads and the writes they imply; the final usage is billed.
+            self.prompt_usage = vllm_start_usage(
+                prompt_tokens=len(self.prompt_token_ids),
+                predicted_cached=self.predicted_cached_tokens,
+                cache=self.cache,
+                block_size=self.info.block_size,
+            )
+        elif self.prompt_usage is None:
             self.prompt_usage = Usage(len(self.prompt_token_ids), 0, 0, 0)
         # continuous_usage_stats: completion_tokens counts the tokens up to and with this text.
         reported = usage.get("completion_tokens") if usage else None

@@ -15,6 +15,7 @@ carries the usage so far), `cache_salt` (vLLM's), and, for kvgate engines only, 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any, Literal, NamedTuple
 
@@ -178,6 +179,14 @@ def vllm_usage(usage: dict[str, Any], *, prompt_tokens: int, cache: CacheSpec, b
     )
 
 
+def vllm_start_usage(*, prompt_tokens: int, predicted_cached: int, cache: CacheSpec, block_size: int) -> Usage:
+    """What a vLLM stream starts with, before its final usage: the router's predicted reads (whole blocks, never
+    the last prompt token's) and the writes vllm_writes derives from them. Shown, never billed."""
+    cached = min(predicted_cached, max(prompt_tokens - 1, 0)) // block_size * block_size
+    writes = vllm_writes(prompt_tokens=prompt_tokens, cached_tokens=cached, cache=cache, block_size=block_size)
+    return Usage(prompt_tokens, cached, sum(writes.values()), 0, {"device": cached}, writes)
+
+
 def vllm_writes(*, prompt_tokens: int, cached_tokens: int, cache: CacheSpec, block_size: int) -> dict[int, int]:
     """The cache writes billed for a vLLM request, by TTL: the full blocks of the cacheable region, past the reads.
 
@@ -201,6 +210,43 @@ def vllm_writes(*, prompt_tokens: int, cached_tokens: int, cache: CacheSpec, blo
         ttl = next(r.ttl_s for r in regions if r.end >= end)
         writes[ttl] = writes.get(ttl, 0) + block_size
     return writes
+
+
+# vLLM's gauge of its cache configuration, one sample per engine: vllm:cache_config_info{block_size="16",...} 1.0
+_CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{(?P<labels>[^}]*)\}", re.MULTILINE)
+_BLOCK_SIZE = re.compile(r'(?:^|,)\s*block_size="(?P<size>\d+)"')
+
+
+def published_block_size(metrics: str) -> int | None:
+    """The block size in a vLLM engine's /metrics text (vllm:cache_config_info); None when it publishes none.
+
+    WireError when its samples disagree (engines of different block sizes behind one URL)."""
+    sizes = {
+        int(found["size"])
+        for sample in _CACHE_CONFIG.finditer(metrics)
+        if (found := _BLOCK_SIZE.search(sample["labels"])) is not None
+    }
+    if len(sizes) > 1:
+        raise WireError(f"publishes several block sizes in its /metrics: {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
+DEFAULT_VLLM_BLOCK_SIZE = 16  # vLLM's default --block-size (on GPUs; vLLM-CPU's is 128)
+
+
+def vllm_block_size(*, published: int | None, configured: int | None) -> int:
+    """A vLLM engine's block size: what it publishes, else KVGATE_VLLM_BLOCK_SIZE, else vLLM's default 16.
+
+    A configured size that differs from the published one would bill every write in the wrong unit:
+    WireError naming both (the engine is refused: gateway.backends.http raises EngineMismatchError)."""
+    if published is None:
+        return configured or DEFAULT_VLLM_BLOCK_SIZE
+    if configured is not None and configured != published:
+        raise WireError(
+            f"publishes block_size={published} in its /metrics, but KVGATE_VLLM_BLOCK_SIZE is {configured}: "
+            f"set KVGATE_VLLM_BLOCK_SIZE={published}, or unset it to use what the engine publishes"
+        )
+    return published
 
 
 def _check_prompt(usage: dict[str, Any], prompt_tokens: int) -> None:

@@ -57,7 +57,7 @@ class EnginePool:
         routing: PoolRouting | None = None,
         health: HealthPolicy | None = None,
         start_wait_s: float = 60.0,
-        vllm_block_size: int = 16,
+        vllm_block_size: int | None = None,
         read_timeout_s: float = 600.0,
         engine_token: str | None = None,
     ) -> None:

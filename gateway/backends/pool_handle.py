@@ -70,7 +70,12 @@ class PoolHandle(QueuedHandle):
             )
             try:
                 inner = member.engine.submit(
-                    self.prompt_token_ids, self.params, self.cache, self.request_id, share=self.share
+                    self.prompt_token_ids,
+                    self.params,
+                    self.cache,
+                    self.request_id,
+                    share=self.share,
+                    predicted_cached_tokens=predicted,
                 )
             except InvalidRequestError as exc:
                 return self.output("error", error=str(exc), kind="invalid_request")

@@ -305,6 +305,7 @@ class AnthropicUsage(BaseModel):
     output_tokens: int
     service_tier: Literal["standard"] = "standard"
     cost_usd: Decimal | None = Field(None, exclude_if=lambda v: v is None)
+    cost: float | None = Field(None, exclude_if=lambda v: v is None)  # cost_usd as a number (OpenRouter's)
 
 
 class TextContent(BaseModel):

@@ -17,6 +17,7 @@ from gateway.protocols.anthropic import (
     stop_reason,
 )
 from gateway.protocols.anthropic_blocks import PING, BlockStream, content_of
+from gateway.protocols.common import cost_number
 from gateway.sse import event, keepalive_until_first
 from gateway.tools.parse import ToolParsing
 from inference.types import TokenDelta
@@ -38,6 +39,7 @@ def usage_of(counts: TokenCounts, finished: Finished | None = None) -> Anthropic
         ),
         output_tokens=counts.output,
         cost_usd=finished.cost_usd if finished else None,
+        cost=cost_number(finished.cost_usd) if finished else None,
     )
 
 

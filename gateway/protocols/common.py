@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from decimal import Decimal
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,9 +24,21 @@ MaxOutputTokens = Annotated[int, Field(ge=1, le=MAX_OUTPUT_TOKENS)]
 TopK = Annotated[int, Field(ge=0, le=INT32_MAX)]
 
 
+def cost_number(cost_usd: Decimal | None) -> float | None:
+    """usage.cost, OpenRouter's number in USD, beside kvgate's exact cost_usd string."""
+    return None if cost_usd is None else float(cost_usd)
+
+
 def refuse(param: str, message: str) -> InvalidRequestError:
     """A 400 naming the field, as both providers word them."""
     return InvalidRequestError(f"{param}: {message}", param=param)
+
+
+def check_penalties(frequency_penalty: float | None, presence_penalty: float | None) -> None:
+    """A non-zero penalty is a 400 naming the field that has it (kvgate samples without penalties)."""
+    for param, value in (("frequency_penalty", frequency_penalty), ("presence_penalty", presence_penalty)):
+        if value:
+            raise refuse(param, "frequency and presence penalties are not supported")
 
 
 def stop_tuple(stop: str | list[str] | None) -> tuple[str, ...]:

@@ -16,7 +16,7 @@ from pydantic import BaseModel, Field
 from gateway.api.errors import openai_body
 from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
-from gateway.protocols.common import INT32_MAX, MaxOutputTokens, Seed, Strict, refuse, stop_tuple
+from gateway.protocols.common import INT32_MAX, MaxOutputTokens, Seed, Strict, check_penalties, refuse, stop_tuple
 from gateway.protocols.openai import CompletionUsage, FinishReason, StreamOptions, finish_reason
 from gateway.protocols.openai_stream import usage_of
 from gateway.sse import event
@@ -66,8 +66,7 @@ def check_supported(request: CompletionRequest) -> None:
         raise refuse("logprobs", "logprobs are not supported")
     if request.suffix:
         raise refuse("suffix", "suffix (insertion) is not supported")
-    if request.frequency_penalty or request.presence_penalty:
-        raise refuse("frequency_penalty", "frequency and presence penalties are not supported")
+    check_penalties(request.frequency_penalty, request.presence_penalty)
     if request.logit_bias:
         raise refuse("logit_bias", "logit_bias is not supported")
     if len(request.stop_sequences) > 4:

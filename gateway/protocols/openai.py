@@ -9,7 +9,16 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import BLOCK_SEPARATOR, Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
-from gateway.protocols.common import MaxOutputTokens, OtherType, Seed, Strict, refuse, stop_tuple, type_tag
+from gateway.protocols.common import (
+    MaxOutputTokens,
+    OtherType,
+    Seed,
+    Strict,
+    check_penalties,
+    refuse,
+    stop_tuple,
+    type_tag,
+)
 from gateway.protocols.openai_caching import RETENTION_TTL_S as RETENTION_TTL_S  # where it used to live
 from gateway.protocols.openai_caching import PromptCacheBreakpoint, PromptCacheOptions, breakpoint_ttl_s
 from gateway.tools.choice import ToolChoice
@@ -105,8 +114,7 @@ class ChatCompletionRequest(Strict):
 def check_supported(request: ChatCompletionRequest) -> None:
     if (request.n or 1) != 1:
         raise refuse("n", "only n=1 is supported")
-    if request.frequency_penalty or request.presence_penalty:
-        raise refuse("frequency_penalty", "frequency and presence penalties are not supported")
+    check_penalties(request.frequency_penalty, request.presence_penalty)
     if request.logprobs or request.top_logprobs:
         raise refuse("logprobs", "logprobs are not supported")
     if request.logit_bias:
@@ -222,6 +230,7 @@ class CompletionUsage(BaseModel):
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails
     cost_usd: Decimal | None = Field(None, exclude_if=lambda v: v is None)
+    cost: float | None = Field(None, exclude_if=lambda v: v is None)  # cost_usd as a number (OpenRouter's)
 
 
 class FunctionCall(BaseModel):
@@ -259,6 +268,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[Choice]
     usage: CompletionUsage
+    service_tier: Literal["default"] = "default"
     system_fingerprint: str | None = None
 
 

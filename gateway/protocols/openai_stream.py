@@ -12,6 +12,7 @@ import structlog
 from gateway.api.errors import openai_body
 from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
+from gateway.protocols.common import cost_number
 from gateway.protocols.openai import (
     AssistantMessage,
     CacheWriteTokensDetails,
@@ -48,6 +49,7 @@ def usage_of(finished: Finished) -> CompletionUsage:
             ),
         ),
         cost_usd=finished.cost_usd,
+        cost=cost_number(finished.cost_usd),
     )
 
 
@@ -105,6 +107,7 @@ async def chunk_events(
 ) -> AsyncGenerator[bytes, None]:
     created = int(time.time())
     base = {"id": completion_id(request_id), "object": "chat.completion.chunk", "created": created, "model": model}
+    base["service_tier"] = "default"
     usage_field: dict[str, Any] = {"usage": None} if include_usage else {}
 
     def chunk(delta: dict[str, Any], reason: str | None = None) -> bytes:

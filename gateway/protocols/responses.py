@@ -159,6 +159,13 @@ class ResponsesRequest(Strict):
         return self.store is not False  # OpenAI stores responses unless told not to
 
 
+class InputTokensRequest(ResponsesRequest):
+    """POST /v1/responses/input_tokens: a Responses body, counted as it would render; model optional."""
+
+    model: str | None = Field(None, min_length=1)  # type: ignore[assignment]
+    personality: str | None = Field(None, max_length=64)
+
+
 def check_supported(request: ResponsesRequest) -> None:
     """Refuse, clearly, what kvgate does not do on /v1/responses (docs/gateway.md lists each)."""
     if request.background:

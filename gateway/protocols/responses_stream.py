@@ -21,6 +21,7 @@ from pydantic import BaseModel, Field
 
 from gateway.generation import Finished, Generation, output_error
 from gateway.logs import log_failure
+from gateway.protocols.common import cost_number
 from gateway.protocols.responses import ResponseSettings
 from gateway.protocols.responses_output import OutputBuilder, OutputItem
 from gateway.sse import event
@@ -46,6 +47,7 @@ class ResponseUsage(BaseModel):
     output_tokens_details: OutputTokensDetails
     total_tokens: int
     cost_usd: Decimal | None = Field(None, exclude_if=lambda v: v is None)
+    cost: float | None = Field(None, exclude_if=lambda v: v is None)  # cost_usd as a number (OpenRouter's)
 
 
 class IncompleteDetails(BaseModel):
@@ -94,6 +96,13 @@ class ResponseObject(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
+class InputTokenCount(BaseModel):
+    """What POST /v1/responses/input_tokens answers (the openai SDK's InputTokenCountResponse)."""
+
+    object: Literal["response.input_tokens"] = "response.input_tokens"
+    input_tokens: int
+
+
 class DeletedResponse(BaseModel):
     id: str
     object: Literal["response"] = "response"
@@ -122,6 +131,7 @@ def usage_of(finished: Finished) -> ResponseUsage:
         output_tokens_details=OutputTokensDetails(reasoning_tokens=0),
         total_tokens=counts.prompt_tokens + counts.output,
         cost_usd=finished.cost_usd,
+        cost=cost_number(finished.cost_usd),
     )
 
 

@@ -128,8 +128,11 @@ async def set_scopes(session: AsyncSession, *, key_id: str, scopes: Iterable[str
     return key
 
 
+INVALID_KEY = "invalid x-api-key"  # gateway.api.deps words it for a Bearer key
+
+
 def _invalid() -> AuthenticationError:
-    return AuthenticationError("invalid x-api-key")
+    return AuthenticationError(INVALID_KEY)
 
 
 async def authenticate(

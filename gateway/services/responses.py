@@ -72,9 +72,14 @@ def responses_job(
     content_type: str | None,
     *,
     history: tuple[CanonicalItem, ...] | None = None,
+    body: type[ResponsesRequest] = ResponsesRequest,
 ) -> PreparedResponse:
-    """Parse and check the body; render it unless it continues a response whose history is not in yet."""
-    request = decode_body(raw, content_type=content_type, model=ResponsesRequest)
+    """Parse and check the body; render it unless it continues a response whose history is not in yet.
+
+    body=InputTokensRequest (/v1/responses/input_tokens): the same, with the model optional."""
+    request = decode_body(raw, content_type=content_type, model=body)
+    if request.model is None:
+        request = request.model_copy(update={"model": ctx.model_id})
     responses.check_supported(request)
     model = check_model(ctx, model=request.model)
     structured_output(request)  # refused before any database work, not after it
@@ -89,3 +94,10 @@ def responses_job(
         prepared=prepared,
         stream=bool(request.stream),
     )
+
+
+def input_tokens_job(
+    ctx: PrepareContext, raw: bytes, content_type: str | None, *, history: tuple[CanonicalItem, ...] | None = None
+) -> PreparedResponse:
+    """responses_job for /v1/responses/input_tokens: what the same Responses request would render."""
+    return responses_job(ctx, raw, content_type, history=history, body=responses.InputTokensRequest)

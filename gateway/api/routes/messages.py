@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from gateway.api.body import prepare_body
@@ -12,11 +12,18 @@ from gateway.api.responses import json_response
 from gateway.api.schema import json_body
 from gateway.generation import admit_rate, start_generation
 from gateway.protocols.anthropic import CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest
+from gateway.protocols.anthropic_betas import HEADER, check_betas
 from gateway.protocols.anthropic_stream import message_events, message_of
 from gateway.services.completions import count_tokens_job, message_job
 from gateway.sse import EventStreamResponse
 
-router = APIRouter(prefix="/v1/messages", tags=["anthropic"])
+
+async def known_betas(request: Request, ctx: ContextDep) -> None:
+    """Unknown `anthropic-beta` values are a 400 (after authentication, as at Anthropic)."""
+    check_betas(request.headers.getlist(HEADER))
+
+
+router = APIRouter(prefix="/v1/messages", tags=["anthropic"], dependencies=[Depends(known_betas)])
 
 
 @router.post("", response_model=MessageResponse, openapi_extra=json_body(MessagesRequest))

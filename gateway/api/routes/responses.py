@@ -1,9 +1,10 @@
-"""OpenAI Responses: POST /v1/responses, GET and DELETE /v1/responses/{id}."""
+"""OpenAI Responses: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/input_tokens."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from functools import partial
 from typing import Literal
 
@@ -18,11 +19,17 @@ from gateway.api.responses import json_response
 from gateway.api.schema import json_body
 from gateway.generation import RequestContext, admit_rate, start_generation
 from gateway.logs import log_failure
-from gateway.protocols.responses import ResponsesRequest, listed_items
-from gateway.protocols.responses_stream import DeletedResponse, ResponseObject, response_events, response_of
+from gateway.protocols.responses import InputTokensRequest, ResponsesRequest, listed_items
+from gateway.protocols.responses_stream import (
+    DeletedResponse,
+    InputTokenCount,
+    ResponseObject,
+    response_events,
+    response_of,
+)
 from gateway.responses_store import NewResponse, conversation_after, input_items, remove, response_json, save
 from gateway.services.completions import check_retention
-from gateway.services.responses import PreparedResponse, responses_job
+from gateway.services.responses import PreparedResponse, input_tokens_job, responses_job
 from gateway.sse import EventStreamResponse
 from gateway.state import Gateway
 from kvgate.errors import InvalidRequestError
@@ -31,17 +38,19 @@ router = APIRouter(prefix="/v1/responses", tags=["openai"])
 log = structlog.get_logger("kvgate.gateway")
 
 
-async def _prepare(gw: Gateway, *, ctx: RequestContext, request: Request) -> PreparedResponse:
+async def _prepare(
+    gw: Gateway, *, ctx: RequestContext, request: Request, job: Callable[..., PreparedResponse] = responses_job
+) -> PreparedResponse:
     """The body prepared; with previous_response_id, again with the stored conversation before it."""
     raw = await read_body(request, limit=gw.prep.renderer.bounds.max_body_bytes)
     content_type = request.headers.get("content-type")
-    job = await run_job(gw, ctx=ctx, job=responses_job, raw=raw, content_type=content_type)
-    previous = job.settings.previous_response_id
-    if job.prepared is not None or previous is None:
-        return job
+    first = await run_job(gw, ctx=ctx, job=job, raw=raw, content_type=content_type)
+    previous = first.settings.previous_response_id
+    if first.prepared is not None or previous is None:
+        return first
     history = await conversation_after(gw.sessions, tenant_id=ctx.principal.tenant_id, response_id=previous)
     size = len(raw) + len(json.dumps(history))
-    with_history = partial(responses_job, history=history)
+    with_history = partial(job, history=history)
     return await run_job(gw, ctx=ctx, job=with_history, raw=raw, content_type=content_type, size=size)
 
 
@@ -103,6 +112,15 @@ async def create_response(request: Request, gw: GatewayDep, ctx: ContextDep) -> 
     )
     await persist(response)
     return json_response(response, headers=headers)
+
+
+@router.post("/input_tokens", response_model=InputTokenCount, openapi_extra=json_body(InputTokensRequest))
+async def count_input_tokens(request: Request, gw: GatewayDep, ctx: ContextDep) -> Response:
+    """The prompt a /v1/responses request with this body would render, in tokens (as count_tokens does)."""
+    rate = await admit_rate(gw, ctx=ctx, counts_input_tokens=False)
+    job = await _prepare(gw, ctx=ctx, request=request, job=input_tokens_job)
+    assert job.prepared is not None
+    return json_response(InputTokenCount(input_tokens=len(job.prepared.prompt.token_ids)), headers=rate.headers)
 
 
 @router.get("/{response_id}", response_model=ResponseObject)

@@ -21,6 +21,7 @@ import pytest
 from gateway.backends.factory import engine_client
 from gateway.backends.pool import EnginePool
 from tests.gateway.backends.conftest import engine_process
+from tests.gateway.backends.fake_vllm import fake_vllm
 from tests.gateway.harness import GatewayServer
 from tests.inference.server.conftest import RunningServer
 
@@ -167,3 +168,48 @@ def test_an_engine_dying_mid_stream_ends_the_stream_with_an_error_event(tiny_lla
             assert httpx.get(f"{server.base_url}/healthz").status_code == 503
         finally:
             server.stop()
+
+
+def _streamed(server: GatewayServer, key: Any) -> tuple[dict[str, Any], Any]:
+    """One streamed turn with a 1h breakpoint on the system text: message_start's usage, and the SDK's final usage."""
+    with server.anthropic(key).messages.stream(
+        model=server.model,
+        max_tokens=3,
+        system=[{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral", "ttl": "1h"}}],
+        messages=[{"role": "user", "content": "Do you fix brakes?"}],
+    ) as stream:
+        start = next(event for event in stream if event.type == "message_start")
+        final = stream.get_final_message()
+    return start.message.usage.model_dump(), final.usage
+
+
+def test_message_start_carries_the_cache_counts_with_a_vllm_engine(
+    tiny_llama_dir: Path, served_model: Any, tmp_path: Path
+) -> None:
+    with fake_vllm(served_model.model_id, block_size=16) as fake:
+        server = GatewayServer(
+            model_dir=tiny_llama_dir,
+            database_url=f"sqlite:///{tmp_path / 'kvgate.db'}",
+            engine_factory=engine_client,
+            engines=fake.url,
+        ).start()
+        try:
+            key = server.new_key()
+            cold_start, cold = _streamed(server, key)
+            warm_start, warm = _streamed(server, key)
+        finally:
+            server.stop()
+    # Cold: vLLM reads nothing and the breakpoint's blocks are 1h writes, in message_start already, so the
+    # SDK's cache_creation (taken from message_start only) agrees with the final cache_creation_input_tokens.
+    assert cold.cache_read_input_tokens == 0 and cold.cache_creation_input_tokens > 0
+    assert cold.cache_creation is not None
+    assert cold.cache_creation.ephemeral_1h_input_tokens == cold.cache_creation_input_tokens
+    assert cold_start["cache_creation_input_tokens"] == cold.cache_creation_input_tokens
+    # Warm: vLLM reads every full block it cached before the last prompt token (past the breakpoint too, as
+    # it caches them all), predicted at the start; nothing is written.
+    prompt = cold.input_tokens + cold.cache_creation_input_tokens
+    assert warm.cache_read_input_tokens == (prompt - 1) // 16 * 16 > cold.cache_creation_input_tokens
+    assert warm_start["cache_read_input_tokens"] == warm.cache_read_input_tokens
+    assert warm.cache_creation_input_tokens == 0 and warm.cache_creation is not None
+    assert (warm.cache_creation.ephemeral_5m_input_tokens, warm.cache_creation.ephemeral_1h_input_tokens) == (0, 0)
+    assert len(fake.requests) == 2 and fake.requests[0]["cache_salt"] == fake.requests[1]["cache_salt"]

@@ -13,17 +13,23 @@ import json
 import httpx
 import pytest
 
-from gateway.backends.http import HttpEngine
+from gateway.backends.engine_list import EngineSpec
+from gateway.backends.http import EngineMismatchError, HttpEngine
 from gateway.backends.http_wire import (
     WireError,
     completion_body,
     kvgate_usage,
     parse_chunk,
+    published_block_size,
+    vllm_block_size,
+    vllm_start_usage,
     vllm_usage,
     vllm_writes,
 )
+from gateway.backends.pool import EnginePool
 from gateway.backends.served_model import ServedModel
 from inference.types import CacheRegion, CacheSpec, SamplingParams, StructuredOutput
+from tests.gateway.backends.fake_vllm import fake_vllm
 
 VLLM_MODELS = {
     "object": "list",
@@ -194,9 +200,91 @@ async def test_a_vllm_engine_through_http_engine(served_model: ServedModel) -> N
         firsts.append((delta.text, handle.prompt_usage))
     output = await handle.result()
     await client.aclose()
-    # Before the end vLLM says nothing of its cache: the stream starts with the prompt as input.
-    assert firsts[0][1] is not None and (firsts[0][1].cached_tokens, firsts[0][1].cache_write_tokens) == (0, 0)
+    # Before the end vLLM says nothing of its cache: the stream starts with the router's prediction (none here:
+    # no reads, so every full block before the last token is a write), the end with vLLM's counts.
+    assert firsts[0][1] is not None and (firsts[0][1].cached_tokens, firsts[0][1].cache_write_tokens) == (0, 64)
     assert output.text == " Paris is big" and output.finish_reason == "length"
     assert (output.usage.cached_tokens, output.usage.cache_write_tokens, output.usage.completion_tokens) == (32, 32, 3)
     assert handle.placement is not None and handle.placement.backend == "vllm"
     assert seen[0]["cache_salt"] == "salt" and "cache_regions" not in seen[0]
+
+
+# -- a vLLM engine's block size, from its /metrics ------------------------------------------------
+
+
+def test_the_block_size_is_read_from_vllm_metrics() -> None:
+    with fake_vllm("tiny", block_size=128) as fake:
+        text = httpx.get(f"{fake.url}/metrics").text
+    assert published_block_size(text) == 128
+    # Nothing published (an older vLLM, or no /metrics): None, not a guess.
+    assert published_block_size('vllm:num_requests_running{engine="0"} 0.0\n') is None
+    assert published_block_size("") is None
+    # Engines of different block sizes behind one URL cannot be billed in one unit.
+    two = 'vllm:cache_config_info{block_size="16",engine="0"} 1.0\n' + 'vllm:cache_config_info{block_size="32"} 1.0'
+    with pytest.raises(WireError, match=r"several block sizes in its /metrics: \[16, 32\]"):
+        published_block_size(two)
+
+
+@pytest.mark.parametrize(
+    ("published", "configured", "expected"),
+    [(128, None, 128), (128, 128, 128), (None, None, 16), (None, 64, 64)],
+)
+def test_the_published_block_size_wins_and_a_configured_one_must_match(
+    published: int | None, configured: int | None, expected: int
+) -> None:
+    assert vllm_block_size(published=published, configured=configured) == expected
+
+
+def test_a_configured_block_size_that_differs_is_refused() -> None:
+    with pytest.raises(WireError, match=r"publishes block_size=128 .* KVGATE_VLLM_BLOCK_SIZE is 16"):
+        vllm_block_size(published=128, configured=16)
+
+
+async def _started(fake_url: str, served_model: ServedModel, configured: int | None) -> HttpEngine:
+    engine = HttpEngine(fake_url, model=ServedModel("tiny", served_model.tokenizer), vllm_block_size=configured)
+    try:
+        await engine.start()
+    finally:
+        await engine.shutdown()
+    return engine
+
+
+async def test_a_vllm_engine_is_described_with_its_published_block_size(served_model: ServedModel) -> None:
+    with fake_vllm("tiny", block_size=128) as fake:
+        unset = await _started(fake.url, served_model, None)
+        matching = await _started(fake.url, served_model, 128)
+    assert unset.info is not None and (unset.info.flavour, unset.info.block_size) == ("vllm", 128)
+    assert matching.info is not None and matching.info.block_size == 128
+    with fake_vllm("tiny", block_size=None) as fake:  # publishes nothing: the setting, else 16
+        assert (await _started(fake.url, served_model, 64)).info.block_size == 64  # type: ignore[union-attr]
+        assert (await _started(fake.url, served_model, None)).info.block_size == 16  # type: ignore[union-attr]
+
+
+async def test_the_gateway_refuses_to_start_on_a_block_size_mismatch(served_model: ServedModel) -> None:
+    model = ServedModel("tiny", served_model.tokenizer)
+    with fake_vllm("tiny", block_size=128) as fake:
+        with pytest.raises(EngineMismatchError) as refused:
+            await _started(fake.url, served_model, 16)
+        pool = EnginePool([EngineSpec(fake.url)], model=model, vllm_block_size=16, start_wait_s=5)
+        with pytest.raises(EngineMismatchError, match="KVGATE_VLLM_BLOCK_SIZE is 16"):
+            await pool.start()
+        await pool.shutdown()
+        # The same pool with the setting unset starts, in the engine's unit.
+        good = EnginePool([EngineSpec(fake.url)], model=model, start_wait_s=5)
+        await good.start()
+        assert good.hasher is not None and good.hasher.block_size == 128
+        await good.shutdown()
+    message = str(refused.value)
+    assert fake.url in message and "block_size=128" in message and "KVGATE_VLLM_BLOCK_SIZE is 16" in message
+
+
+def test_a_vllm_stream_starts_with_the_predicted_counts() -> None:
+    cache = CacheSpec("salt")
+    cold = vllm_start_usage(prompt_tokens=70, predicted_cached=0, cache=cache, block_size=16)
+    assert (cold.cached_tokens, cold.cache_write_tokens, cold.cache_write_tokens_by_ttl) == (0, 64, {300: 64})
+    # A predicted hit reads whole blocks, never the block of the last prompt token, and writes the rest.
+    warm = vllm_start_usage(prompt_tokens=70, predicted_cached=70, cache=cache, block_size=16)
+    assert (warm.cached_tokens, warm.cache_write_tokens) == (64, 0)
+    partial = vllm_start_usage(prompt_tokens=70, predicted_cached=40, cache=cache, block_size=16)
+    assert (partial.cached_tokens, partial.cache_write_tokens) == (32, 32)
+    assert partial.uncached_tokens == 70 - 32 - 32
