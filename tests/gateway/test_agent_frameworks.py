@@ -134,3 +134,21 @@ def test_langchain_bind_tools_loop(served: Served) -> None:
         messages += [reply, ToolMessage(get_weather(**call["args"]), tool_call_id=call["id"])]
         final = chat.bind_tools([get_weather]).invoke(messages)
         assert isinstance(final.content, str) and final.content.strip(), tool_choice
+
+
+def test_instructor_tools_mode(served: Served) -> None:
+    import instructor
+    from openai import OpenAI
+
+    client = instructor.from_openai(
+        OpenAI(base_url=served.base_url, api_key=served.key, max_retries=0), mode=instructor.Mode.TOOLS
+    )
+    weather = client.chat.completions.create(
+        model=served.model,
+        response_model=Weather,
+        max_tokens=120,
+        temperature=0,
+        max_retries=1,
+        messages=[{"role": "user", "content": "Paris is at 18 degrees Celsius. Report the weather."}],
+    )
+    assert isinstance(weather, Weather) and weather.city
