@@ -11,10 +11,10 @@ without calls comes out exactly as generated. With max_calls, what follows the l
 allowed call is dropped.
 
 Small models often leave the tags out (Qwen2.5-Coder-0.5B writes a bare object, or one in
-a ```json fence). An output that starts with `{` or a fence is held until it ends; when
-the whole of it is one such object naming a tool of the request, with arguments that fit
-that tool's schema (gateway.tools.arguments_fit), it is a call. Anything else is read as
-above: tagged calls and text.
+a ```json fence, and one object a line for parallel calls). An output that starts with `{`
+or a fence is held until it ends; when the whole of it is such objects, each naming a tool
+of the request with arguments that fit that tool's schema (gateway.tools.arguments_fit),
+they are calls (up to max_calls). Anything else is read as above: tagged calls and text.
 """
 
 from __future__ import annotations
@@ -134,11 +134,12 @@ class ToolCallParser:
         out: list[ParseEvent] = []
         if self._bare is not False:
             self._bare = False
-            call = self._bare_call(self._buffer)
-            if call is not None:
+            calls = self._bare_calls(self._buffer)
+            if calls:
                 self._buffer = ""
-                self.calls += 1
-                return [CallOut(call)]
+                calls = calls[: self._parsing.max_calls]
+                self.calls += len(calls)
+                return [CallOut(call) for call in calls]
             self._scan(out)
         if not self._done:
             if self._in_call:
@@ -163,13 +164,27 @@ class ToolCallParser:
         if self._parsing.max_calls is not None and self.calls >= self._parsing.max_calls:
             self._done = True
 
-    def _bare_call(self, text: str) -> ParsedCall | None:
+    def _bare_calls(self, text: str) -> list[ParsedCall] | None:
+        """The calls an untagged output is, or None unless all of it is fitting calls."""
         body = text.strip()
         fenced = FENCED.fullmatch(body)
-        call = self._call(fenced.group(1) if fenced else body)
-        if call is None or not arguments_fit(call.input, self._parsing.schemas.get(call.name, {})):
-            return None
-        return call
+        body = fenced.group(1).strip() if fenced else body
+        calls: list[ParsedCall] = []
+        decoder = json.JSONDecoder()
+        at = 0
+        while at < len(body):
+            try:
+                _, end = decoder.raw_decode(body, at)
+            except (ValueError, RecursionError):
+                return None
+            call = self._call(body[at:end])
+            if call is None or not arguments_fit(call.input, self._parsing.schemas.get(call.name, {})):
+                return None
+            calls.append(call)
+            at = end
+            while at < len(body) and body[at].isspace():
+                at += 1
+        return calls or None
 
     def _call(self, body: str) -> ParsedCall | None:
         try:

@@ -182,3 +182,15 @@ def test_text_that_does_not_open_like_json_streams_at_once_and_tagged_calls_stil
         ("call", "id1", "get_weather", '{"city": "Paris"}'),
         ("text", "```"),
     ]
+
+
+def test_untagged_calls_one_a_line_are_parallel_calls_up_to_max_calls() -> None:
+    second = '{"name": "get_weather", "arguments": {"city": "Rome"}}'
+    both = [("call", "id1", "get_weather", '{"city": "Paris"}'), ("call", "id2", "get_weather", '{"city": "Rome"}')]
+    assert shape(run([f"{BARE}\n{second}"], SCHEMAS)) == both
+    assert shape(run([f"```json\n{BARE}\n{second}\n```"], SCHEMAS)) == both
+    one = ToolParsing(SCHEMAS.names, 1, SCHEMAS.schemas)
+    assert shape(run([f"{BARE}\n{second}"], one)) == both[:1]
+    # One line that is not a fitting call makes the whole output text.
+    mixed = f'{BARE}\n{{"name": "get_weather", "arguments": {{"town": "Rome"}}}}'
+    assert shape(run([mixed], SCHEMAS)) == [("text", mixed)]
