@@ -18,7 +18,7 @@ from fractions import Fraction
 
 from billing.money import format_usd_exact
 from billing.pricebook import NoPriceError, PriceBook
-from kvgate.usage import CATEGORY_LABELS, Category, TokenCounts
+from kvgate.usage import CATEGORY_LABELS, TTL_CLASSES, Category, TokenCounts
 from web.formatting import ratio
 from web.usage_source import HourRow, key_label
 from web.usage_view import UsageView
@@ -28,7 +28,8 @@ CATEGORIES = tuple(Category)
 _FIELDS = tuple((c, c.value) for c in CATEGORIES)
 
 
-WRITES = (Category.CACHE_WRITE_5M, Category.CACHE_WRITE_1H, Category.CACHE_WRITE_24H)
+# Every TTL class's writes, from the one table (kvgate.usage): a view never lists them by hand.
+WRITES = tuple(t.category for t in TTL_CLASSES)
 
 
 @dataclass(frozen=True)

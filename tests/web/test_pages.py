@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -15,7 +16,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from kvgate.usage import Category
+from kvgate.usage import TTL_CLASSES, Category
 from tests.web.html_tables import attribute, plain, rows
 from tests.web.pages_setup import SeededTenant, finalize_month, seed_tenant
 from web.formatting import percent
@@ -123,12 +124,31 @@ def test_bad_views_are_a_400_with_the_reason(client) -> None:  # type: ignore[no
 def test_cache_page_rates_and_savings_match_the_ledger(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
     html = client.get(f"/cache?{OCTOBER}").text
     ledger = acme.ledger_sums()
-    prompt = ledger["input"] + ledger["cache_write_5m"] + ledger["cache_write_1h"] + ledger["cache_write_24h"]
-    prompt += ledger["cache_read"]
+    prompt = ledger["input"] + sum(ledger[t.category.value] for t in TTL_CLASSES) + ledger["cache_read"]
     assert rows(html, "cache-by-model") and {r[0] for r in rows(html, "cache-by-key")} == {"alpha", "beta"}
     expected = percent(Fraction(ledger["cache_read"], prompt))
     assert f'id="hit-rate">{expected}<' in html
     assert len(rows(html, "savings-data")) == len(rows(html, "hit-rate-data")) == 31
+
+
+def test_cache_write_cost_counts_every_ttl_class(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
+    # The seeded month writes under every standard class (30m and 12h too): the Cache page's
+    # write cost is the Usage page's write categories, summed, and each class has its columns.
+    ledger = acme.ledger_sums()
+    assert all(ledger[t.category.value] > 0 for t in TTL_CLASSES if t.standard)
+    cache = client.get(f"/cache?{OCTOBER}").text
+    usage = client.get(f"/usage?{OCTOBER}&unit=usd").text
+    write_columns = [1 + TOKEN_COLUMNS.index(t.category.value) for t in TTL_CLASSES]
+    writes = sum(Decimal(plain(row[i])) for row in rows(usage, "usage-buckets") for i in write_columns)
+    card = re.search(r"<h2>Cache write cost</h2><p class=\"big\">([^<]+)<", cache)
+    assert card is not None and Decimal(plain(card.group(1))) == writes > 0
+    by_key = rows(cache, "cache-by-key")
+    header = re.search(r'id="cache-by-key">\s*<thead>(.*?)</thead>', cache, re.DOTALL)
+    assert header is not None and all(f"Write {t.name}<" in header.group(1) for t in TTL_CLASSES)
+    first_write = 5
+    for t_index, ttl in enumerate(TTL_CLASSES):
+        column = sum(int(plain(r[first_write + t_index]).replace(",", "")) for r in by_key)
+        assert column == ledger[ttl.category.value], ttl.name
 
 
 def test_requests_pages_through_the_whole_ledger_and_finds_a_request(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]

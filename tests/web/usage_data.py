@@ -2,7 +2,8 @@
 ledger, the hourly rollups and the invoice drafts are filled exactly as the gateway fills them.
 
 The charges are deterministic: every day of a month gets a few requests over two keys, two models
-and both APIs, with cache writes (5m and 1h), reads and an occasional error, and one reversal.
+and both APIs, with cache writes (of every standard TTL class, in turn), reads and an occasional
+error, and one reversal.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from billing import catalog
 from billing.ledger import UsageCharge, reverse_usage
 from billing.periods import month_bounds
 from billing.settlement import settle_charge
-from kvgate.usage import TokenCounts
+from kvgate.usage import TTL_CLASSES, TokenCounts
 
 ENDPOINTS = ("messages", "chat.completions")
 # Long prompts, as prompt caching is for: tens of thousands of tokens a request.
 SCALE = 1000
+# The classes every deployment prices, from the TTL table: a new class is seeded without a change here.
+WRITE_CLASSES = tuple(t for t in TTL_CLASSES if t.standard)
 
 
 @dataclass(frozen=True)
@@ -46,12 +49,14 @@ def charges_for(
         for i in range(1 + day.day % 3):
             n += 1
             cached = n % 4 != 0
+            writes = dict.fromkeys((t.category.value for t in TTL_CLASSES), 0)
+            if cached and n % 3 != 2:
+                writes[WRITE_CLASSES[(n // 3) % len(WRITE_CLASSES)].category.value] = SCALE * (96 - 32 * (n % 3))
             counts = TokenCounts(
                 input=SCALE * (40 + 7 * n % 90),
-                cache_write_5m=0 if not cached else SCALE * (96 if n % 3 == 0 else 0),
-                cache_write_1h=0 if not cached else SCALE * (64 if n % 3 == 1 else 0),
                 cache_read=0 if not cached else SCALE * (128 + 16 * (n % 5)),
                 output=5 * SCALE // 10 + n % 23,
+                **writes,
             )
             charges.append(
                 UsageCharge(
