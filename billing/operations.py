@@ -16,7 +16,7 @@ import stripe
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from billing import budget_limits, budgets, catalog, credit_notes, invoices, profiles, stripe_sync
+from billing import budget_limits, budgets, catalog, credit_notes, invoices, profiles, stripe_sync, tax_rules
 from billing.budgets import BudgetStatus, UnknownOwnerError
 from billing.catalog import SeedResult
 from billing.errors import NotConfiguredError
@@ -123,9 +123,11 @@ async def grant_credit(
 
 
 async def set_billing_profile(
-    *, session: AsyncSession, tenant_id: str, profile: profiles.BillingProfile
+    *, session: AsyncSession, tenant_id: str, profile: profiles.BillingProfile, seller_country: str | None
 ) -> profiles.BillingProfile:
-    """Replace a tenant's billing profile; invoices finalized before keep the profile they were issued with."""
+    """Replace a tenant's billing profile; invoices finalized before keep the profile they were issued with.
+    Its tax treatment must fit its buyer (billing.tax_rules)."""
+    tax_rules.check_treatment(profile, seller_country=seller_country)
     await profiles.set_profile(session=session, tenant_id=tenant_id, profile=profile)
     await session.commit()
     return profile

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from billing import operations, profiles
-from billing.api.deps import SessionDep
+from billing.api.deps import SessionDep, SettingsDep
 from billing.profile_schemas import BillingProfileBody
 
 router = APIRouter()
@@ -17,6 +17,11 @@ async def get_billing_profile(tenant_id: str, session: SessionDep) -> BillingPro
 
 
 @router.put("/tenants/{tenant_id}/billing-profile", response_model=BillingProfileBody)
-async def put_billing_profile(tenant_id: str, body: BillingProfileBody, session: SessionDep) -> BillingProfileBody:
-    profile = await operations.set_billing_profile(session=session, tenant_id=tenant_id, profile=body.to_profile())
+async def put_billing_profile(
+    tenant_id: str, body: BillingProfileBody, session: SessionDep, settings: SettingsDep
+) -> BillingProfileBody:
+    """The whole profile, tax included: tax treatment is the operator's (tenants edit the rest on the dashboard)."""
+    profile = await operations.set_billing_profile(
+        session=session, tenant_id=tenant_id, profile=body.to_profile(), seller_country=settings.seller_address_country
+    )
     return BillingProfileBody.of(profile)

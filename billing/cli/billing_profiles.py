@@ -105,7 +105,10 @@ def set_profile(
     async def action(service: BillingService) -> BillingProfileBody:
         async with service.sessions() as session:
             profile = await operations.set_billing_profile(
-                session=session, tenant_id=tenant_id, profile=body.to_profile()
+                session=session,
+                tenant_id=tenant_id,
+                profile=body.to_profile(),
+                seller_country=service.settings.seller_address_country,
             )
         return BillingProfileBody.of(profile)
 

@@ -104,6 +104,44 @@ async def test_bad_fields_and_unknown_tenants_are_clear_errors(api, sessions):
     assert (await api.put("/admin/v1/tenants/ten_nobody/billing-profile", json=GERMAN)).status_code == 404
 
 
+@pytest.fixture
+async def german_seller_api(sessions, pricebook, tmp_path):
+    app = FastAPI()
+    install_error_handlers(app)
+    app.include_router(admin_router, prefix="/admin/v1")
+    settings = BillingSettings(spool_path=tmp_path / "s", seller_address_country="DE")
+    service = BillingService(sessions=sessions, settings=settings, pricebook=pricebook)
+    app.state.gateway = SimpleNamespace(billing=GatewayBilling(service))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://billing.test") as client:
+        yield client
+
+
+REVERSE = {"treatment": "reverse_charge", "rate_percent": None, "note": None}
+FRENCH = GERMAN | {
+    "address": GERMAN["address"] | {"city": "Paris", "postal_code": "75001", "country": "FR"},
+    "tax_id": {"type": "eu_vat", "value": "FR12345678901"},
+    "tax": REVERSE,
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "named"),
+    [
+        (GERMAN | {"tax": REVERSE}, "outside the seller's country"),  # a German buyer of a German seller
+        (FRENCH | {"address": FRENCH["address"] | {"country": "US"}}, "EU member state"),
+        (FRENCH | {"tax_id": None}, "VAT id"),
+    ],
+    ids=["same-country", "outside-eu", "no-vat-id"],
+)
+async def test_reverse_charge_needs_an_eu_business_buyer_abroad(german_seller_api, sessions, body, named):
+    tenant, _ = await make_tenant(sessions)
+    url = f"/admin/v1/tenants/{tenant}/billing-profile"
+    refused = await german_seller_api.put(url, json=body)
+    assert refused.status_code == 400 and named in refused.json()["error"]["message"], refused.text
+    accepted = await german_seller_api.put(url, json=FRENCH)  # a French business buying from Germany
+    assert accepted.status_code == 200 and accepted.json()["tax"]["treatment"] == "reverse_charge"
+
+
 def test_seller_profile_comes_from_settings():
     settings = BillingSettings(
         seller_name="kvgate GmbH",

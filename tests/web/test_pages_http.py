@@ -115,6 +115,14 @@ def test_pages_set_a_strict_csp(any_dashboard: Dashboard) -> None:
 def test_billing_members_edit_the_billing_profile_and_viewers_cannot(any_dashboard: Dashboard) -> None:
     billing = any_dashboard.new_member(role="billing")
     viewer = any_dashboard.invite(billing.tenant_id, role="viewer")
+    # The operator sets the tax (admin API); the tenant edits who the invoices are to.
+    operator = {
+        "legal_name": "Beispiel GmbH",
+        "tax": {"treatment": "standard", "rate_percent": 19, "note": None},
+        "currency": "eur",
+    }
+    put = any_dashboard.admin.put(f"/admin/v1/tenants/{billing.tenant_id}/billing-profile", json=operator)
+    assert put.status_code == 200, put.text
     form = {
         "legal_name": "Beispiel GmbH",
         "email": "rechnung@beispiel.test",
@@ -124,8 +132,6 @@ def test_billing_members_edit_the_billing_profile_and_viewers_cannot(any_dashboa
         "country": "DE",
         "tax_id_type": "eu_vat",
         "tax_id_value": "DE123456789",
-        "treatment": "standard",
-        "rate_percent": "19",
     }
     with any_dashboard.client_for(viewer.login_url) as client:
         shown = client.get("/billing-profile")
@@ -133,13 +139,21 @@ def test_billing_members_edit_the_billing_profile_and_viewers_cannot(any_dashboa
         token = csrf_token(shown.text)
         assert client.post("/billing-profile", data={**form, "csrf_token": token}).status_code == 403
     with any_dashboard.client_for(billing.login_url) as client:
-        token = csrf_token(client.get("/billing-profile").text)
+        shown = client.get("/billing-profile").text
+        token = csrf_token(shown)
+        assert 'name="treatment"' not in shown and 'name="rate_percent"' not in shown  # not offered
+        assert "standard at 19%" in shown and "EUR" in shown  # shown, as the operator set it
         assert client.post("/billing-profile", data=form).status_code == 403  # no CSRF token
-        bad = client.post("/billing-profile", data={**form, "rate_percent": "", "csrf_token": token})
-        assert bad.status_code == 400 and "rate_percent" in bad.text
+        bad = client.post("/billing-profile", data={**form, "email": "not-an-email", "csrf_token": token})
+        assert bad.status_code == 400
+        # A tenant setting its own tax or currency: 403, whatever the values.
+        for field, value in (("treatment", "reverse_charge"), ("rate_percent", "0"), ("currency", "usd")):
+            tried = client.post("/billing-profile", data={**form, field: value, "csrf_token": token})
+            assert tried.status_code == 403, field
         saved = client.post("/billing-profile", data={**form, "csrf_token": token}, follow_redirects=False)
         assert saved.status_code == 303
         page = client.get("/billing-profile").text
-        assert 'value="Beispiel GmbH"' in page and 'value="DE123456789"' in page and 'value="19"' in page
-    admin_api = any_dashboard.admin.get(f"/admin/v1/tenants/{billing.tenant_id}/billing-profile")
-    assert admin_api.json()["tax"] == {"treatment": "standard", "rate_percent": 19, "note": None}
+        assert 'value="Beispiel GmbH"' in page and 'value="DE123456789"' in page
+    admin_api = any_dashboard.admin.get(f"/admin/v1/tenants/{billing.tenant_id}/billing-profile").json()
+    assert admin_api["tax"] == {"treatment": "standard", "rate_percent": 19, "note": None}
+    assert admin_api["currency"] == "eur" and admin_api["tax_id"]["value"] == "DE123456789"

@@ -1,5 +1,8 @@
 """/billing-profile: the tenant's billing profile (who its invoices are to, and their tax); members with the
-billing role (or admins) edit it, everyone else reads it. The same validation as the admin API's PUT."""
+billing role (or admins) edit who the invoices are to (name, email, address, tax id, PO number), everyone
+else reads it. Tax treatment, rate and currency are the seller's decision: shown, never taken from the
+form (the operator sets them with the admin API or `kvgate billing-profile set`); a form that tries is a 403.
+The same validation as the admin API's PUT."""
 
 from __future__ import annotations
 
@@ -9,7 +12,8 @@ from fastapi import APIRouter, Form, Request
 from pydantic import ValidationError
 from starlette.responses import RedirectResponse, Response
 
-from billing import profiles
+from billing import profiles, tax_rules
+from billing.api.deps import ServiceDep
 from billing.errors import BillingDomainError
 from billing.profile_schemas import BillingProfileBody
 from gateway.api.deps import GatewayDep
@@ -28,12 +32,10 @@ FIELDS = (
     "country",
     "tax_id_type",
     "tax_id_value",
-    "treatment",
-    "rate_percent",
-    "note",
-    "currency",
     "po_number",
 )
+OPERATOR_FIELDS = ("treatment", "rate_percent", "note", "currency")
+"""Fields the form does not offer: a POST that carries them is a 403."""
 Text = Annotated[str, Form(max_length=500)]
 
 
@@ -49,7 +51,6 @@ async def _render(
         viewer=viewer,
         active="invoices",
         profile=BillingProfileBody.of(profile),
-        treatments=profiles.TREATMENTS,
         can_edit=viewer.can("billing"),
         **extra,
     )
@@ -60,20 +61,22 @@ async def billing_profile_page(request: Request, viewer: TenantViewerDep, gw: Ga
     return await _render(request, viewer, gw)
 
 
-def _body(form: dict[str, str]) -> BillingProfileBody:
+def _body(form: dict[str, str], current: profiles.BillingProfile) -> BillingProfileBody:
+    """The buyer's fields from the form; tax and currency as the operator set them."""
     value = {k: (v.strip() or None) for k, v in form.items()}
     address = None
     if value["line1"]:
         address = {k: value[k] for k in ("line1", "line2", "city", "postal_code", "state", "country")}
     tax_id = {"type": value["tax_id_type"], "value": value["tax_id_value"]} if value["tax_id_value"] else None
+    kept = BillingProfileBody.of(current)
     return BillingProfileBody.model_validate(
         {
             "legal_name": value["legal_name"],
             "email": value["email"],
             "address": address,
             "tax_id": tax_id,
-            "tax": {"treatment": value["treatment"], "rate_percent": value["rate_percent"], "note": value["note"]},
-            "currency": (value["currency"] or "usd").lower(),
+            "tax": kept.tax.model_dump(),
+            "currency": kept.currency,
             "po_number": value["po_number"],
         }
     )
@@ -84,6 +87,7 @@ async def save_billing_profile(
     request: Request,
     viewer: TenantCsrfViewerDep,
     gw: GatewayDep,
+    service: ServiceDep,
     legal_name: Text = "",
     email: Text = "",
     line1: Text = "",
@@ -94,14 +98,13 @@ async def save_billing_profile(
     country: Text = "",
     tax_id_type: Text = "",
     tax_id_value: Text = "",
-    treatment: Text = "",
-    rate_percent: Text = "",
-    note: Text = "",
-    currency: Text = "",
     po_number: Text = "",
 ) -> Response:
     if not viewer.can("billing"):
         raise NotAllowed("only members with the billing or admin role edit the billing profile")
+    form = await request.form()
+    if any(name in form for name in OPERATOR_FIELDS):
+        raise NotAllowed("tax treatment, tax rate and currency are set by the seller, not on the dashboard")
     given = dict(
         zip(
             FIELDS,
@@ -116,17 +119,18 @@ async def save_billing_profile(
                 country,
                 tax_id_type,
                 tax_id_value,
-                treatment,
-                rate_percent,
-                note,
-                currency,
                 po_number,
             ),
             strict=True,
         )
     )
+    tenant_id = viewer.tenant_id or ""
+    async with gw.sessions() as session:
+        current = await profiles.get_profile(session=session, tenant_id=tenant_id)
     try:
-        profile = _body(given).to_profile()
+        profile = _body(given, current).to_profile()
+        # A move of the address can end what the treatment needs (reverse charge: an EU buyer abroad).
+        tax_rules.check_treatment(profile, seller_country=service.settings.seller_address_country)
     except ValidationError as exc:
         first = exc.errors()[0]
         error = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
@@ -134,6 +138,6 @@ async def save_billing_profile(
     except BillingDomainError as exc:
         return await _render(request, viewer, gw, status_code=400, error=exc.message)
     async with gw.sessions() as session:
-        await profiles.set_profile(session=session, tenant_id=viewer.tenant_id or "", profile=profile)
+        await profiles.set_profile(session=session, tenant_id=tenant_id, profile=profile)
         await session.commit()
     return RedirectResponse("/billing-profile", status_code=303)
