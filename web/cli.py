@@ -11,6 +11,7 @@ import sys
 from datetime import timedelta
 from typing import Annotated, Any
 
+import httpx
 import typer
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -89,8 +90,26 @@ def serve_banner(gateway: GatewaySettings) -> str:
 
 
 def _base_url() -> tuple[WebSettings, str]:
+    """Where the links point. Without KVGATE_PUBLIC_URL the CLI only knows KVGATE_HOST and KVGATE_PORT
+    as its own shell sees them, which need not be the server's: it asks that address for a kvgate
+    and says so when none answers (the link would be dead)."""
     web, gateway = WebSettings(), GatewaySettings()
-    return web, public_url(web, host=gateway.host, port=gateway.port)
+    url = public_url(web, host=gateway.host, port=gateway.port)
+    if not web.public_url and not _answers(url):
+        print(
+            f"warning: no kvgate answers at {url}, so this link may not work: the CLI takes the address "
+            "from KVGATE_HOST and KVGATE_PORT as this shell sees them. Set KVGATE_PUBLIC_URL (and KVGATE_PORT) "
+            "in .env, which both the server and the CLI read, so they agree.",
+            file=sys.stderr,
+        )
+    return web, url
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 async def _find(session: AsyncSession, tenant_id: str, member: str) -> Any:

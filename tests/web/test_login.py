@@ -16,6 +16,7 @@ import sqlalchemy as sa
 
 from kvgate import REPO_ROOT
 from kvgate.db import utcnow
+from tests.gateway.harness import free_port
 from tests.web.conftest import Dashboard, csrf_token
 from web.settings import WebSettings
 
@@ -207,6 +208,18 @@ def test_kvgate_members_invite_prints_a_working_link(any_dashboard: Dashboard) -
     assert result.returncode == 0, result.stderr
     link = result.stdout.strip()
     assert link.startswith(f"http://127.0.0.1:{settings.port}/login/") and "\n" not in link
+    assert "warning" not in result.stderr  # the server answers where the link points
+    # A shell that does not know the server's port: the link points elsewhere, and the CLI says so.
+    elsewhere = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "members", "invite", tenant, "lost@example.com"],
+        env={**env, "KVGATE_PORT": str(free_port())},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert elsewhere.returncode == 0 and "no kvgate answers at" in elsewhere.stderr, elsewhere.stderr
+    assert "KVGATE_PUBLIC_URL" in elsewhere.stderr
     client = any_dashboard.client_for(link)
     assert "CLI Tenant" in client.get("/").text
     listed = subprocess.run(

@@ -118,7 +118,14 @@ def test_bad_views_are_a_400_with_the_reason(client) -> None:  # type: ignore[no
         for path in ("/usage", "/usage.csv", "/cache"):
             response = client.get(f"{path}?{query}")
             assert response.status_code == 400 and reason in response.text, (path, query)
-    assert client.get(f"/usage?{OCTOBER}").status_code == 200
+            if path != "/usage.csv":
+                assert "<h1>Bad request</h1>" in response.text and "Not allowed" not in response.text
+    good = client.get(f"/usage?{OCTOBER}")
+    assert good.status_code == 200 and "<h1>Bad request</h1>" not in good.text
+    # Every page names its icon, and the icon is served.
+    assert '<link rel="icon" href="/static/favicon.svg"' in good.text
+    icon = client.get("/static/favicon.svg")
+    assert icon.status_code == 200 and icon.text.startswith("<svg")
 
 
 def test_cache_page_rates_and_savings_match_the_ledger(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]

@@ -25,7 +25,7 @@ async def cache(request: Request, viewer: TenantViewerDep, service: ServiceDep, 
     try:
         view = parse_view(request.query_params, now=utcnow())
     except ViewError as exc:
-        return page(request, "error.html", status_code=400, viewer=viewer, message=str(exc))
+        return page(request, "error.html", status_code=400, viewer=viewer, title="Bad request", message=str(exc))
     choices = await filter_choices(session=session, tenant_id=viewer.tenant_id)
     rows = await hour_rows(session=session, tenant_id=viewer.tenant_id, view=view, prices=service.pricebook)
     by_model = fold(rows, view=replace(view, split="model"), prices=service.pricebook, key_names=choices.key_names)

@@ -31,7 +31,7 @@ async def usage(request: Request, viewer: TenantViewerDep, service: ServiceDep, 
     try:
         view, tables, choices = await _tables(request, viewer, service, session)
     except ViewError as exc:
-        return page(request, "error.html", status_code=400, viewer=viewer, message=str(exc))
+        return page(request, "error.html", status_code=400, viewer=viewer, title="Bad request", message=str(exc))
     return page(
         request,
         "usage.html",
