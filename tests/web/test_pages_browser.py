@@ -11,6 +11,7 @@ from fractions import Fraction
 import anthropic
 import pytest
 
+from kvgate.tenancy import KEY_SCOPES
 from tests.web.conftest import Dashboard, csrf_token
 from web.formatting import percent, usd
 
@@ -110,6 +111,8 @@ def test_an_admin_creates_a_key_shown_once_and_revokes_it(dashboard: Dashboard, 
     member = dashboard.new_member(role="admin")
     dashboard.login(page, member.login_url)
     page.goto(f"{dashboard.base_url}/keys")
+    help_text = page.inner_text("form.create-key fieldset")
+    assert all(f"{scope}:" in help_text for scope in KEY_SCOPES)  # invoices:read too
     page.fill("form.create-key input[name=name]", "made-in-browser")
     page.click("form.create-key button")
     plaintext = page.inner_text("#new-key")
@@ -122,6 +125,10 @@ def test_an_admin_creates_a_key_shown_once_and_revokes_it(dashboard: Dashboard, 
     assert page.locator("#new-key").count() == 0 and plaintext not in page.content()
     row = page.locator("tr[data-key-name='made-in-browser']")
     assert row.count() == 1
+    # Revoking asks first: the button is behind a disclosure that says what it does.
+    assert not row.locator("form.revoke button").is_visible()
+    row.locator("details.revoke summary").click()
+    assert "cannot be undone" in row.locator("form.revoke").inner_text()
     row.locator("form.revoke button").click()
     page.wait_for_url(f"{dashboard.base_url}/keys")
     assert "revoked" in page.locator("tr[data-key-name='made-in-browser']").inner_text()

@@ -13,12 +13,18 @@ from gateway.api.deps import GatewayDep
 from gateway.services import keys as key_service
 from kvgate.db import utcnow
 from kvgate.errors import InvalidRequestError
-from kvgate.tenancy import KEY_SCOPES, ApiKey
+from kvgate.tenancy import KEY_SCOPES, SCOPE_INFERENCE, SCOPE_INVOICES_READ, SCOPE_USAGE_READ, ApiKey
 from web.deps import NotAllowed, PageNotFound, TenantCsrfViewerDep, TenantViewerDep, Viewer
 from web.rendering import page
 from web.summaries import key_limits, key_names, key_spend
 
 router = APIRouter()
+SCOPE_HELP = {
+    SCOPE_INFERENCE: "call the model APIs",
+    SCOPE_USAGE_READ: "read this tenant's usage and costs (the usage API)",
+    SCOPE_INVOICES_READ: "read this tenant's invoices and credit notes (the invoices API)",
+}
+assert set(SCOPE_HELP) == set(KEY_SCOPES), "every scope is explained on the Keys page"
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,7 @@ async def _render(
         request,
         "keys.html",
         key_scopes=KEY_SCOPES,
+        scope_help=SCOPE_HELP,
         status_code=status_code,
         viewer=viewer,
         active="keys",
