@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from fractions import Fraction
 
-from billing.money import format_usd, format_usd_exact
+from billing.money import format_usd, format_usd_exact, round_to_cents
 
 
 def usd(pico: int) -> str:
@@ -37,4 +37,16 @@ def integer(value: int) -> str:
     return f"{value:,}"
 
 
-FILTERS = {"usd": usd, "cents": format_usd, "percent": percent, "when": when, "integer": integer}
+def usd_rounded(pico: int) -> str:
+    """'$3.10': to the cent, for estimates (an exact '$3.099479696115' claims a precision a forecast lacks)."""
+    return format_usd(round_to_cents(pico))
+
+
+FILTERS = {
+    "usd": usd,
+    "cents": format_usd,
+    "usd_rounded": usd_rounded,
+    "percent": percent,
+    "when": when,
+    "integer": integer,
+}

@@ -15,11 +15,14 @@ from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from kvgate.usage import TTL_CLASSES
 from web.formatting import FILTERS
 
 WEB_DIR = Path(__file__).resolve().parent
 TEMPLATES = Jinja2Templates(directory=WEB_DIR / "templates")
 TEMPLATES.env.filters.update(FILTERS)
+# The write columns of every view, from the one TTL table.
+TEMPLATES.env.globals["ttl_classes"] = TTL_CLASSES
 
 SECURITY_HEADERS = {
     "content-security-policy": (

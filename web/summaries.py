@@ -73,6 +73,8 @@ class Overview:
     key_bars: list[BudgetBar]
     forecast_pico: int
     forecast_rule: str
+    forecast_hours: float
+    """How much of the month the forecast is drawn from."""
     credit: budgets.CounterState | None
     """Prepaid credit (limit: granted; remaining); None when the tenant is not prepaid."""
     alerts: list[Alert] = field(default_factory=list)
@@ -90,6 +92,12 @@ class Overview:
     @property
     def saved_fraction(self) -> Fraction | None:
         return ratio(self.totals.saved_pico, self.totals.uncached_cost_pico)
+
+    @property
+    def forecast_multiple(self) -> Fraction | None:
+        """The forecast over the tenant's monthly budget (None without one)."""
+        limit = self.tenant_bar.limit_pico
+        return Fraction(self.forecast_pico, limit) if limit else None
 
 
 def forecast(spent_pico: int, *, now: datetime) -> int:
@@ -176,6 +184,7 @@ async def tenant_overview(session: AsyncSession, *, tenant: Tenant, now: datetim
         key_bars=key_bars,
         forecast_pico=forecast(totals.cost_pico, now=now),
         forecast_rule=FORECAST_RULE,
+        forecast_hours=(now - month_bounds(month_start(now))[0]).total_seconds() / 3600,
         credit=status.credit if status.prepaid else None,
         alerts=_alerts([tenant_bar, *key_bars]),
     )

@@ -5,6 +5,7 @@ Isolation is checked on every page and by id guessing: each refusal is paired wi
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from fractions import Fraction
 
@@ -43,6 +44,8 @@ def test_the_overview_shows_the_ledgers_numbers(dashboard: Dashboard, page) -> N
     assert page.inner_text("#hit-rate") == percent(Fraction(ledger["cache_read_tokens"], prompt))
     saved = ledger["uncached_cost_pico"] - ledger["cost_pico"]
     assert saved > 0 and page.inner_text("#saved") == usd(saved)
+    assert page.locator("#saved-negative").count() == 0  # the note is for savings below zero only
+    assert re.fullmatch(r"\$\d[\d,]*\.\d\d", page.inner_text("#forecast"))  # an estimate, to the cent
     assert page.inner_text("#saved-percent") == percent(Fraction(saved, ledger["uncached_cost_pico"]))
     # The key appears by its name, never its id.
     assert page.locator("#key-budgets .budget[data-label='production']").count() == 1
@@ -54,7 +57,8 @@ def test_the_budget_bar_after_a_refusal(dashboard: Dashboard, page) -> None:
     member = dashboard.new_member("Tight Budget")
     key = dashboard.new_key(member.tenant_id, name="worker")
     dashboard.ask(key)
-    spent = dashboard.wait_for_ledger(member.tenant_id, 1)["cost_pico"]
+    ledger = dashboard.wait_for_ledger(member.tenant_id, 1)
+    spent = ledger["cost_pico"]
     assert spent > 10**6
     dashboard.set_budget(member.tenant_id, "0.000001")  # below what was spent already
     with pytest.raises(anthropic.APIStatusError) as refused:
@@ -68,10 +72,14 @@ def test_the_budget_bar_after_a_refusal(dashboard: Dashboard, page) -> None:
     assert page.locator(".fill.w100").count() >= 1
     alert = page.locator("[data-alert=over]")
     assert alert.count() == 1 and "used all of its monthly budget" in alert.inner_text()
+    assert "× the monthly budget of $0.00" in page.inner_text("#forecast-warning")
+    # One request that wrote the cache and read nothing: caching cost more so far, and the page says why.
+    assert ledger["cost_pico"] > ledger["uncached_cost_pico"]
+    assert "Below zero" in page.inner_text("#saved-negative")
     # Paired: with room in the budget there is no alert and the bar is below 80%.
     dashboard.set_budget(member.tenant_id, "1000")
     page.reload()
-    assert page.locator("[data-alert]").count() == 0
+    assert page.locator("[data-alert]").count() == 0 and page.locator("#forecast-warning").count() == 0
     assert page.locator("#tenant-budget .budget").get_attribute("data-level") == "ok"
 
 

@@ -9,7 +9,6 @@ from starlette.responses import Response
 
 from billing.api.deps import ServiceDep, SessionDep
 from kvgate.db import utcnow
-from kvgate.usage import TTL_CLASSES
 from web.deps import TenantViewerDep
 from web.rendering import page
 from web.usage_source import filter_choices, hour_rows
@@ -37,7 +36,6 @@ async def cache(request: Request, viewer: TenantViewerDep, service: ServiceDep, 
         active="cache",
         view=view,
         presets=PRESETS,
-        ttl_classes=TTL_CLASSES,  # the write columns, one per TTL class
         tables=by_model,
         splits={"Model": by_model.by_split, "Key": by_key.by_split},
     )
