@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from billing import budgets
 from billing.invoices import FINALIZED, PAYMENT_FAILED
-from billing.models import Invoice, KeyBudget
+from billing.models import CreditNote, Invoice, KeyBudget
 from billing.periods import month_bounds, month_start
 from billing.usage_buckets import BucketResult, empty_result, usage_breakdown, usage_totals
 from kvgate.tenancy import ApiKey, Tenant
@@ -205,16 +205,32 @@ class TenantRow:
         return ratio(self.totals.counts.cache_read, self.totals.counts.prompt_tokens)
 
 
-async def tenant_rows(session: AsyncSession, *, now: datetime) -> list[TenantRow]:
-    """Every tenant's month so far (a few queries per tenant: the operator's page, not a hot path)."""
-    unpaid = {
+async def _unpaid(session: AsyncSession) -> dict[str, tuple[int, int]]:
+    """Per tenant: unpaid invoices and what is still due on them, tax included and credit notes taken off."""
+    open_invoices = Invoice.status.in_((FINALIZED, PAYMENT_FAILED))
+    due = {
         tenant_id: (int(count), int(cents or 0))
         for tenant_id, count, cents in await session.execute(
-            select(Invoice.tenant_id, func.count(), func.sum(Invoice.total_cents))
-            .where(Invoice.status.in_((FINALIZED, PAYMENT_FAILED)))
+            select(Invoice.tenant_id, func.count(), func.sum(Invoice.total_cents + func.coalesce(Invoice.tax_cents, 0)))
+            .where(open_invoices)
             .group_by(Invoice.tenant_id)
         )
     }
+    credited = await session.execute(
+        select(Invoice.tenant_id, func.sum(CreditNote.amount_cents))
+        .join(CreditNote, CreditNote.invoice_id == Invoice.id)
+        .where(open_invoices)
+        .group_by(Invoice.tenant_id)
+    )
+    for tenant_id, cents in credited:
+        count, total = due[tenant_id]
+        due[tenant_id] = (count, total - int(cents or 0))
+    return due
+
+
+async def tenant_rows(session: AsyncSession, *, now: datetime) -> list[TenantRow]:
+    """Every tenant's month so far (a few queries per tenant: the operator's page, not a hot path)."""
+    unpaid = await _unpaid(session)
     rows = []
     for tenant in await session.scalars(select(Tenant).order_by(Tenant.name, Tenant.id)):
         totals = await month_totals(session, tenant_id=tenant.id, now=now)

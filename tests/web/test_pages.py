@@ -309,3 +309,20 @@ def test_stripe_hosted_link_for_a_pushed_invoice_only_to_its_tenant(
         assert paid.headers["location"] == f"https://pay.example/in_test_{invoice['id']}_{acme.tenant_id[-6:]}"
         theirs = stranger.get(f"/invoices/{invoice['id']}/pay", follow_redirects=False)
         assert theirs.status_code == 404 and "pay.example" not in theirs.text
+
+
+def test_the_admin_page_shows_what_is_still_due_tax_included_and_credits_taken_off(any_dashboard) -> None:  # type: ignore[no-untyped-def]
+    seeded = seed_tenant(any_dashboard.server, "Unpaid AG", key_names=("main",))
+    profile = {"legal_name": "Unpaid AG", "tax": {"treatment": "standard", "rate_percent": 19, "note": None}}
+    admin = any_dashboard.server.admin
+    admin.put(f"/admin/v1/tenants/{seeded.tenant_id}/billing-profile", json=profile).raise_for_status()
+    invoice = finalize_month(seeded)
+    assert Decimal(invoice["tax_usd"]) > 0
+    noted = admin.post(f"/admin/v1/invoices/{invoice['id']}/credit-notes", json={"amount_usd": "0.01", "reason": "t"})
+    noted.raise_for_status()
+    due = Decimal(admin.get(f"/admin/v1/invoices/{invoice['id']}").json()["amount_due_usd"])
+    assert due == Decimal(invoice["total_usd"]) - Decimal("0.01") != Decimal(invoice["subtotal_usd"])
+    with any_dashboard.operator_client() as client:
+        html = client.get("/admin").text
+    row = re.search(rf'data-tenant-id="{seeded.tenant_id}".*?</tr>', html, re.DOTALL)
+    assert row is not None and f"1 (${due:,.2f})" in row.group(0), row.group(0) if row else html
