@@ -12,7 +12,7 @@ from typing import Any
 
 from billing.invoice_lines import InvoiceLine
 from billing.money import cents_to_usd, format_usd_exact
-from kvgate.usage import CATEGORY_LABELS
+from kvgate.usage import CATEGORY_LABELS, Category
 
 CSV_COLUMNS = (
     "request_id",
@@ -25,14 +25,8 @@ CSV_COLUMNS = (
     "started_at",
     "billing_month",
     "price_version_id",
-    "input_tokens",
-    "cache_write_5m_tokens",
-    "cache_write_1h_tokens",
-    "cache_write_24h_tokens",
-    "cache_write_30m_tokens",
-    "cache_write_12h_tokens",
-    "cache_read_tokens",
-    "output_tokens",
+    # Token columns in the one category order (input, each TTL class's writes by lifetime, read, output).
+    *(f"{category.value}_tokens" for category in Category),
     "cost_usd",
     "uncached_cost_usd",
     "ttft_ms",

@@ -226,6 +226,9 @@ def test_invoice_csv_lists_the_billed_entries_adding_up_to_the_exact_total(acme:
     assert {r["tenant_id"] for r in records} == {acme.tenant_id}
     exact = sum(Decimal(line["exact_amount_usd"]) for line in invoice["lines"])
     assert sum(Decimal(r["cost_usd"]) for r in records) == exact
+    # Its token columns are in the one category order, as the usage CSV's are.
+    header = next(csv.reader(io.StringIO(body)))
+    assert [c for c in header if c.endswith("_tokens")] == [f"{c}_tokens" for c in TOKEN_COLUMNS]
 
 
 def test_pages_need_a_session(any_dashboard) -> None:  # type: ignore[no-untyped-def]
