@@ -62,6 +62,29 @@ def test_a_key_is_made_with_the_scopes_ticked(any_dashboard: Dashboard) -> None:
         assert '<td class="scopes">inference usage:read</td>' in client.get("/keys").text
 
 
+def test_a_key_is_made_with_its_budget_token_limit_and_expiry(any_dashboard: Dashboard) -> None:
+    member = any_dashboard.new_member(role="admin")
+    limits = {"monthly_budget_usd": "2.50", "input_tokens_per_minute": "5000", "expires_in_days": "30"}
+    with any_dashboard.client_for(member.login_url) as client:
+        token = csrf_token(client.get("/keys").text)
+        made = client.post("/keys", data={"name": "capped", "csrf_token": token, "scopes": ["inference"], **limits})
+        assert made.status_code == 201, made.text
+        plain = client.post("/keys", data={"name": "plain", "csrf_token": token, "scopes": ["inference"]})
+        assert plain.status_code == 201
+        for field, bad in (("monthly_budget_usd", "lots"), ("input_tokens_per_minute", "0"), ("expires_in_days", "-1")):
+            refused = client.post("/keys", data={"name": "x", "csrf_token": token, "scopes": ["inference"], field: bad})
+            assert refused.status_code == 400, field
+    keys = {k["name"]: k for k in any_dashboard.admin.get(f"/admin/v1/tenants/{member.tenant_id}/keys").json()["data"]}
+    assert "x" not in keys  # a refused form made no key
+    capped, uncapped = keys["capped"], keys["plain"]
+    assert capped["input_tokens_per_minute"] == 5000 and capped["expires_at"] is not None
+    assert uncapped["input_tokens_per_minute"] is None and uncapped["expires_at"] is None
+    budget = any_dashboard.admin.get(f"/admin/v1/tenants/{member.tenant_id}/budget").json()
+    by_key = {k["api_key_id"]: k for k in budget["keys"]}
+    assert by_key[capped["id"]]["monthly_limit_usd"] == "2.5"
+    assert by_key.get(uncapped["id"], {}).get("monthly_limit_usd") is None
+
+
 def test_another_tenants_key_id_in_a_revoke_form_is_not_found(any_dashboard: Dashboard) -> None:
     mine, theirs = any_dashboard.new_member(role="admin"), any_dashboard.new_member(role="admin")
     my_key = any_dashboard.new_key(mine.tenant_id, name="mine")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import RedirectResponse, Response
 
+from billing.budget_limits import set_key_budget
+from billing.money import parse_usd
 from gateway.api.deps import GatewayDep
 from gateway.services import keys as key_service
 from kvgate.db import utcnow
@@ -65,6 +68,16 @@ async def _render(
     )
 
 
+def _whole(label: str, text: str, most: int) -> int | None:
+    """An optional whole number from 1 to `most`, as typed into the form."""
+    text = text.strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 0 < int(text) <= most:
+        raise InvalidRequestError(f"{label}, if given, is a whole number from 1 to {most:,}")
+    return int(text)
+
+
 def _require_admin(viewer: Viewer) -> None:
     if not viewer.can("admin"):
         raise NotAllowed("only the tenant's admins can create and revoke keys")
@@ -82,26 +95,40 @@ async def create_key(
     gw: GatewayDep,
     name: Annotated[str, Form(max_length=200)] = "",
     requests_per_minute: Annotated[str, Form(max_length=12)] = "",
+    input_tokens_per_minute: Annotated[str, Form(max_length=12)] = "",
+    monthly_budget_usd: Annotated[str, Form(max_length=20)] = "",
+    expires_in_days: Annotated[str, Form(max_length=6)] = "",
     scopes: Annotated[list[str] | None, Form()] = None,
 ) -> Response:
     _require_admin(viewer)
     name = name.strip()
-    rpm = requests_per_minute.strip()
-    if not name or (rpm and (not rpm.isdigit() or not 0 < int(rpm) <= 10_000_000)):
-        error = "A key needs a name; requests per minute, if given, is a whole number from 1 to 10,000,000."
-        return await _render(request, viewer, gw, status_code=400, error=error)
     try:
+        if not name:
+            raise InvalidRequestError("A key needs a name")
+        rpm = _whole("requests per minute", requests_per_minute, 10_000_000)
+        tpm = _whole("input tokens per minute", input_tokens_per_minute, 10**12)
+        days = _whole("expires in (days)", expires_in_days, 3650)
+        budget = monthly_budget_usd.strip()
+        budget_pico = parse_usd(budget, field="monthly budget (USD)") if budget else None
         granted = key_service.check_scopes(scopes or ())
     except InvalidRequestError as exc:
         return await _render(request, viewer, gw, status_code=400, error=f"{exc.message}.")
+    tenant_id = viewer.tenant_id or ""
     async with gw.sessions() as session:
         key, plaintext = await key_service.create_key(
             session,
-            tenant_id=viewer.tenant_id or "",
+            tenant_id=tenant_id,
             name=name,
-            requests_per_minute=int(rpm) if rpm else None,
+            expires_at=utcnow() + timedelta(days=days) if days else None,
+            requests_per_minute=rpm,
+            input_tokens_per_minute=tpm,
             scopes=granted,
         )
+        if budget_pico is not None:
+            await set_key_budget(
+                session=session, tenant_id=tenant_id, api_key_id=key.id, monthly_limit_pico=budget_pico
+            )
+            await session.commit()
     # The key is in this response only (no redirect): it is never stored, and never shown again.
     return await _render(request, viewer, gw, status_code=201, created=key, plaintext=plaintext)
 
