@@ -13,7 +13,11 @@
 (function () {
   "use strict";
 
-  var COLORS = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#9c755f"];
+  // One palette, each colour at least 4.5:1 against the white page (WCAG 1.4.11 asks 3:1 for graphics);
+  // stacked bars are outlined in white, so neighbours of similar lightness stay apart
+  // (tests/web/test_chart_palette.py checks both).
+  var COLORS = ["#1f5fa8", "#b35806", "#c62a47", "#11706b", "#3b7a28", "#8a6d00", "#7d3c98", "#6b4c35"];
+  var SEPARATOR = "#ffffff";
 
   function readTable(table) {
     var heads = Array.prototype.slice.call(table.tHead.rows[0].cells);
@@ -63,9 +67,9 @@
       var color = COLORS[i % COLORS.length];
       series.push({
         label: label,
-        stroke: color,
+        stroke: stacked ? SEPARATOR : color,
         fill: stacked ? color : undefined,
-        width: stacked ? 0 : 2,
+        width: stacked ? 1 : 2,
         paths: bars,
         points: { show: !stacked },
         spanGaps: false,
