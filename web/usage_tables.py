@@ -115,6 +115,8 @@ class UsageTables:
     total: Sums
     by_split: list[tuple[str, Sums]]
     """Each model (or key) over the whole range, in name order."""
+    split_buckets: list[tuple[str, list[Sums]]]
+    """Every bucket's sums per model (or key), in by_split's order: the split chart."""
 
 
 def price(row: HourRow, prices: PriceBook) -> Priced:
@@ -140,12 +142,17 @@ def fold(rows: Iterable[HourRow], *, view: UsageView, prices: PriceBook, key_nam
     for (bucket, split), cell in by_cell.items():
         for sums in (by_bucket.setdefault(bucket, Sums()), by_split[split], total):
             sums.merge(cell)
+    splits = sorted(by_split)
+    empty = Sums()
     return UsageTables(
         view=view,
         buckets=[(view.label(start), sums) for start, sums in sorted(by_bucket.items())],
         details=[DetailRow(view.label(b), split, sums) for (b, split), sums in sorted(by_cell.items())],
         total=total,
         by_split=sorted(by_split.items()),
+        split_buckets=[
+            (view.label(start), [by_cell.get((start, split), empty) for split in splits]) for start in sorted(by_bucket)
+        ],
     )
 
 

@@ -82,6 +82,26 @@ def test_usage_in_dollars_splits_each_day_by_category_summing_to_the_exact_cost(
         assert categories == Decimal(plain(row[1 + N])), row
 
 
+def test_the_split_chart_follows_split_by(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
+    # Split by key draws one series per key, by model one per model; each series sums to its row of
+    # the "By ..." table, so the chart and the table show the same split.
+    for split, names in (("key", {"alpha", "beta"}), ("model", None)):  # (two models, unnamed here)
+        html = client.get(f"/usage?{OCTOBER}&split={split}").text
+        header = rows(html, "usage-split-buckets", section="thead")[0][1:]
+        if names is not None:
+            assert set(header) == names
+        columns = list(zip(*(r[1:] for r in rows(html, "usage-split-buckets")), strict=True))
+        totals = {
+            name: sum(int(plain(v).replace(",", "")) for v in column)
+            for name, column in zip(header, columns, strict=True)
+        }
+        assert len(header) == 2 and sum(totals.values()) == sum(acme.ledger_sums()[c] for c in TOKEN_COLUMNS)
+        detail = rows(client.get(f"/usage?{OCTOBER}&split={split}").text, "usage-detail")
+        for name, total in totals.items():  # each series is its split's rows of the detail table
+            mine = [r for r in detail if r[1] == name]
+            assert total == sum(sum(int(plain(v).replace(",", "")) for v in r[3 : 3 + N]) for r in mine), name
+
+
 def test_hourly_for_ranges_of_two_days_or_less(client) -> None:  # type: ignore[no-untyped-def]
     one_day = rows(client.get("/usage?start=2026-10-05&end=2026-10-05").text, "usage-buckets")
     assert [r[0] for r in one_day] == [f"2026-10-05 {h:02d}:00" for h in range(24)]
