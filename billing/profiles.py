@@ -103,6 +103,10 @@ class BillingProfile:
     tax: TaxTreatment = TaxTreatment(treatment="exempt", note="No tax charged.")
     currency: str = "usd"
     po_number: str | None = None
+    # A company's particulars (§ 35a GmbHG, § 80 AktG): its register entry and managing directors.
+    # Set for the seller (from settings); a buyer's profile leaves them empty.
+    register: str | None = None
+    managing_directors: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), default=str, sort_keys=True)
@@ -127,6 +131,8 @@ class BillingProfile:
             ),
             currency=data.get("currency") or "usd",
             po_number=data.get("po_number"),
+            register=data.get("register"),
+            managing_directors=data.get("managing_directors"),
         )
 
 

@@ -46,6 +46,10 @@ def party_lines(profile: BillingProfile) -> list[str]:
     if profile.tax_id is not None:
         label = _TAX_ID_LABELS.get(profile.tax_id.type, f"Tax ID ({profile.tax_id.type})")
         lines.append(f"{label}: {profile.tax_id.value}")
+    if profile.register:
+        lines.append(f"Register: {profile.register}")
+    if profile.managing_directors:
+        lines.append(f"Managing directors: {profile.managing_directors}")
     return lines
 
 

@@ -48,6 +48,14 @@ class BillingSettings(BaseSettings):
     )
     seller_tax_id_type: str | None = Field(None, description="Seller tax ID type in Stripe's terms, e.g. eu_vat.")
     seller_tax_id_value: str | None = Field(None, description="Seller tax ID (VAT number), e.g. DE123456789.")
+    seller_register: str | None = Field(
+        None,
+        max_length=200,
+        description="Seller's register entry, printed on invoices, e.g. Amtsgericht Berlin HRB 12345.",
+    )
+    seller_managing_directors: str | None = Field(
+        None, max_length=300, description="Seller's managing directors, printed on invoices (a company must name them)."
+    )
     payment_terms_days: int = Field(14, ge=0, le=365, description="Invoices are due this many days after issue.")
     payment_instructions: str = Field(
         "Pay by card or bank transfer through the payment link sent with this invoice, quoting the invoice number.",
@@ -98,7 +106,14 @@ class BillingSettings(BaseSettings):
             if self.seller_tax_id_value
             else None
         )
-        return BillingProfile(legal_name=self.seller_name, email=self.seller_email, address=address, tax_id=tax_id)
+        return BillingProfile(
+            legal_name=self.seller_name,
+            email=self.seller_email,
+            address=address,
+            tax_id=tax_id,
+            register=self.seller_register,
+            managing_directors=self.seller_managing_directors,
+        )
 
 
 @lru_cache

@@ -30,6 +30,8 @@ SELLER = BillingSettings(
     seller_address_country="DE",
     seller_tax_id_type="eu_vat",
     seller_tax_id_value="DE999999999",
+    seller_register="Amtsgericht Berlin-Charlottenburg, HRB 123456 B",
+    seller_managing_directors="Ada Lovelace, Grace Hopper",
     payment_terms_days=30,
     payment_instructions="IBAN DE02 1001 0010 0123 4567 89, BIC PBNKDEFF.",
 )
@@ -114,11 +116,20 @@ async def test_a_finalized_19_percent_invoice_prints_every_field(sessions, price
     assert f"Invoice {view.invoice.number}" in one
     assert "Issue date 2026-04-05" in one and "Due date 2026-05-05" in one
     assert "March 2026 (2026-03-01 to 2026-03-31, UTC)" in one and "PO number PO-2026-7" in one
-    for line in ("kvgate GmbH", "Torstraße 5", "10119 Berlin", "billing@kvgate.test", "VAT ID: DE999999999"):
+    for line in (
+        "kvgate GmbH",
+        "Torstraße 5",
+        "10119 Berlin",
+        "billing@kvgate.test",
+        "VAT ID: DE999999999",
+        "Register: Amtsgericht Berlin-Charlottenburg, HRB 123456 B",
+        "Managing directors: Ada Lovelace, Grace Hopper",
+    ):
         assert line in one, line
     for line in ("Käufer standard SA", "Rue de la Loi 16", "1000 Bruxelles", "VAT ID: BE0123456789"):
         assert line in one, line
     assert "Renamed Ltd" not in one  # the buyer as issued
+    assert one.count("Register:") == 1  # the seller's particulars; a buyer's profile has none
     for line in view.computation.lines:
         row = f"{line.model} {'Input' if line.category.value == 'input' else ''}"
         assert row.strip() in one
