@@ -136,10 +136,11 @@ class InvoiceDocument(CacheSavings):
 
     @property
     def exact_differs(self) -> bool:
-        """Whether the exact usage differs from the subtotal by a cent or more (many lines each rounded)."""
+        """Whether the exact usage differs from the subtotal at all: rounding each line to the cent can
+        hide usage worth several cents in sum, so any difference is printed (the invoice is the record)."""
         if self.exact_total_pico is None:
             return False
-        return abs(self.exact_total_pico - self.total_cents * PICO_PER_CENT) >= PICO_PER_CENT
+        return self.exact_total_pico != self.total_cents * PICO_PER_CENT
 
     @property
     def exact_total_text(self) -> str:

@@ -130,9 +130,13 @@ def test_many_small_lines_show_the_exact_usage_beside_the_rounded_subtotal():
     assert doc.subtotal_cents == 0 and doc.exact_total_pico == 6 * 15_333 * 300_000
     html = " ".join(render_html(doc).split())
     assert "Exact usage before rounding: $0.0275994" in html
-    # One line: rounding moves it by less than a cent, so nothing extra is printed.
+    # One line of $0.0046: rounding hides less than a cent, and the exact figure is still printed.
     single = document(lines[:1], uncached_pico=10**11)
-    assert not single.exact_differs and "Exact usage" not in render_html(single)
+    assert single.exact_differs and "Exact usage before rounding: $0.0045999" in " ".join(render_html(single).split())
+    # Usage that is whole cents already: nothing extra to say.
+    whole = document((small_line(1, 500_000),), uncached_pico=10**12)  # 500,000 tokens at $0.30/Mtok: $0.15
+    assert whole.exact_total_pico == 15 * 10**10 and whole.subtotal_cents == 15 and not whole.exact_differs
+    assert "Exact usage" not in render_html(whole)
 
 
 def test_savings_percent_comes_from_exact_amounts():
