@@ -38,6 +38,7 @@ def to_version(row: PriceVersionRow) -> PriceVersion:
         cache_write_24h_multiplier=row.cache_write_24h_multiplier,
         cache_write_30m_multiplier=row.cache_write_30m_multiplier,
         cache_write_12h_multiplier=row.cache_write_12h_multiplier,
+        batch_multiplier=row.batch_multiplier,
     )
 
 
@@ -86,6 +87,7 @@ async def add_version(*, session: AsyncSession, spec: PriceSpec, source: str) ->
         cache_write_24h_multiplier=spec.cache_write_24h_multiplier,
         cache_write_30m_multiplier=spec.cache_write_30m_multiplier,
         cache_write_12h_multiplier=spec.cache_write_12h_multiplier,
+        batch_multiplier=spec.batch_multiplier,
         source=source[:200],
     )
     session.add(row)

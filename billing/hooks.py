@@ -50,6 +50,7 @@ def charge_from_event(event: UsageEvent) -> UsageCharge:
         counts=billed_counts(event.counts, status=event.status),
         ttft_ms=event.ttft_ms,
         latency_ms=event.latency_ms,
+        batch=event.batch,
     )
 
 

@@ -30,6 +30,7 @@ class UsageAggregate:
     price_version_id: int
     counts: TokenCounts
     requests: int
+    batch: bool = False  # batch requests' sums, priced at the version's batch rates
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,11 @@ class InvoiceLine:
     unit_price_usd_per_mtok: Decimal
     exact_amount_pico: int
     amount_cents: int
+    batch: bool = False
 
     @property
     def description(self) -> str:
-        return f"{self.model} — {CATEGORY_LABELS[self.category]}"
+        return f"{self.model} — {CATEGORY_LABELS[self.category]}{' (batch)' if self.batch else ''}"
 
 
 class CacheSavings:
@@ -88,7 +90,7 @@ class InvoiceComputation(CacheSavings):
 
 def compute_invoice(*, aggregates: Iterable[UsageAggregate], versions: dict[int, PriceVersion]) -> InvoiceComputation:
     """Build the lines for one tenant-month; `versions` must hold every aggregate's price version."""
-    rows = sorted(aggregates, key=lambda a: (a.model, versions[a.price_version_id].effective_from))
+    rows = sorted(aggregates, key=lambda a: (a.model, versions[a.price_version_id].effective_from, a.batch))
     lines: list[InvoiceLine] = []
     uncached_cents = 0
     exact_uncached = 0
@@ -96,14 +98,15 @@ def compute_invoice(*, aggregates: Iterable[UsageAggregate], versions: dict[int,
     for aggregate in rows:
         version = versions[aggregate.price_version_id]
         requests += aggregate.requests
-        uncached = version.uncached_cost_pico(aggregate.counts)
+        rates = version.rates_for(batch=aggregate.batch)
+        uncached = version.uncached_cost_pico(aggregate.counts, batch=aggregate.batch)
         exact_uncached += uncached
         uncached_cents += round_to_cents(uncached)
         by_category = sorted(aggregate.counts.by_category().items(), key=lambda kv: _CATEGORY_ORDER[kv[0]])
         for category, tokens in by_category:
             if tokens == 0:
                 continue
-            exact = tokens * version.rates.for_category(category)
+            exact = tokens * rates.for_category(category)
             lines.append(
                 InvoiceLine(
                     position=len(lines) + 1,
@@ -111,9 +114,10 @@ def compute_invoice(*, aggregates: Iterable[UsageAggregate], versions: dict[int,
                     category=category,
                     price_version_id=version.id,
                     tokens=tokens,
-                    unit_price_usd_per_mtok=version.unit_price_per_mtok(category),
+                    unit_price_usd_per_mtok=Decimal(rates.for_category(category)).scaleb(-6).normalize(),
                     exact_amount_pico=exact,
                     amount_cents=round_to_cents(exact),
+                    batch=aggregate.batch,
                 )
             )
     return InvoiceComputation(

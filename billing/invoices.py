@@ -94,9 +94,15 @@ async def usage_aggregates(*, session: AsyncSession, tenant_id: str, month: date
     """Token sums per model and price version of a tenant's entries billed in `month`."""
     net_requests = func.sum(case((LedgerEntry.kind == EntryKind.REVERSAL, -1), else_=1))
     rows = await session.execute(
-        select(LedgerEntry.model, LedgerEntry.price_version_id, net_requests, *(func.sum(c) for c in TOKEN_COLUMNS))
+        select(
+            LedgerEntry.model,
+            LedgerEntry.price_version_id,
+            LedgerEntry.batch,
+            net_requests,
+            *(func.sum(c) for c in TOKEN_COLUMNS),
+        )
         .where(LedgerEntry.tenant_id == tenant_id, LedgerEntry.billing_month == month)
-        .group_by(LedgerEntry.model, LedgerEntry.price_version_id)
+        .group_by(LedgerEntry.model, LedgerEntry.price_version_id, LedgerEntry.batch)
     )
     return [
         UsageAggregate(
@@ -104,8 +110,9 @@ async def usage_aggregates(*, session: AsyncSession, tenant_id: str, month: date
             price_version_id=version_id,
             requests=int(requests),
             counts=TokenCounts(*(int(v) for v in sums)),
+            batch=bool(batch),
         )
-        for model, version_id, requests, *sums in rows.all()
+        for model, version_id, batch, requests, *sums in rows.all()
     ]
 
 
@@ -220,6 +227,7 @@ async def _stored_computation(session: AsyncSession, invoice: Invoice) -> Invoic
             unit_price_usd_per_mtok=row.unit_price_usd_per_mtok,
             exact_amount_pico=row.exact_amount_pico,
             amount_cents=row.amount_cents,
+            batch=row.batch,
         )
         for row in rows
     )
@@ -271,6 +279,7 @@ async def finalize_invoice(
                 unit_price_usd_per_mtok=line.unit_price_usd_per_mtok,
                 exact_amount_pico=line.exact_amount_pico,
                 amount_cents=line.amount_cents,
+                batch=line.batch,
             )
         )
     buyer = await get_profile(session=session, tenant_id=invoice.tenant_id)

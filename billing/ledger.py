@@ -48,6 +48,7 @@ class UsageCharge:
     counts: TokenCounts
     ttft_ms: int | None = None
     latency_ms: int | None = None
+    batch: bool = False  # a batch item (gateway/batches): priced at the version's batch rates
 
     def __post_init__(self) -> None:
         if not self.request_id or len(self.request_id) > 64:
@@ -137,12 +138,13 @@ async def record_usage(
         "billing_month": billing_month,
         "price_version_id": version.id,
         **counts.as_columns(),
-        "cost_pico": version.cost_pico(counts),
-        "uncached_cost_pico": version.uncached_cost_pico(counts),
+        "cost_pico": version.cost_pico(counts, batch=charge.batch),
+        "uncached_cost_pico": version.uncached_cost_pico(counts, batch=charge.batch),
         "ttft_ms": charge.ttft_ms,
         "latency_ms": charge.latency_ms,
         "source": source,
         "reason": None,
+        "batch": charge.batch,
     }
     inserted = await insert_ignore(session, LedgerEntry, values, ["request_id", "kind"])
     if inserted:
@@ -186,6 +188,7 @@ async def reverse_usage(
         "latency_ms": None,
         "source": "admin",
         "reason": reason[:500],
+        "batch": original.batch,
     }
     inserted = await insert_ignore(session, LedgerEntry, values, ["request_id", "kind"])
     if inserted:

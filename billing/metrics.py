@@ -85,7 +85,7 @@ class BillingMetrics:
             spend, savings = spend.labels(charge.tenant_id), savings.labels(charge.tenant_id)
         # Floats only here, at the edge: the amounts themselves are exact integers (the entry's cost).
         spend.inc(settlement.cost_pico / PICO_PER_USD)
-        savings.inc(price.read_savings_pico(charge.counts) / PICO_PER_USD)
+        savings.inc(price.read_savings_pico(charge.counts, batch=charge.batch) / PICO_PER_USD)
 
     def collect(self) -> Iterable[Metric]:
         counters = (

@@ -20,6 +20,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Mapped, mapped_column
@@ -64,6 +65,8 @@ class PriceVersionRow(Base):
     # Added by migration 0006, which gave the versions before it the default multipliers.
     cache_write_30m_multiplier: Mapped[Decimal] = mapped_column(DecimalText())
     cache_write_12h_multiplier: Mapped[Decimal] = mapped_column(DecimalText())
+    # The share of every rate a batch request pays (migration 0009; versions before it: 0.5).
+    batch_multiplier: Mapped[Decimal] = mapped_column(DecimalText(), default=Decimal("0.5"), server_default="0.5")
     source: Mapped[str] = mapped_column(String(200))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
@@ -112,6 +115,8 @@ class LedgerEntry(Base):
     latency_ms: Mapped[int | None] = mapped_column(Integer)
     source: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(String(500))
+    # A batch item's entry (migration 0009): its cost is at the price version's batch rates.
+    batch: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class UsageRollup(Base):
@@ -256,6 +261,8 @@ class InvoiceLineRow(Base):
     unit_price_usd_per_mtok: Mapped[Decimal] = mapped_column(DecimalText())
     exact_amount_pico: Mapped[int] = mapped_column(BigInteger)
     amount_cents: Mapped[int] = mapped_column(BigInteger)
+    # A line of batch requests, at the batch rates (migration 0009).
+    batch: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class BillingProfileRow(Base):

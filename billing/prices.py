@@ -12,7 +12,7 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,11 @@ DEFAULT_MULTIPLIERS: dict[str, Decimal] = {
 # Bounds that keep every cost inside the ledger's 64-bit pico-dollar columns.
 MAX_USD_PER_MTOK = Decimal(10_000)
 MAX_MULTIPLIER = Decimal(100)
-_MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier")
+# Batches (gateway/batches) pay this share of every rate, on top of the cache multipliers: Anthropic's and
+# OpenAI's batch discount. A catalog (prices.toml) field; not in PRICE_FIELDS, so the admin API and the CLI
+# carry it over from the version before (or default it) rather than set it.
+DEFAULT_BATCH_MULTIPLIER = Decimal("0.5")
+_MULTIPLIER_KEYS = (*DEFAULT_MULTIPLIERS, "cache_write_24h_multiplier", "batch_multiplier")
 PRICE_FIELDS = (
     "input_usd_per_mtok",
     "output_usd_per_mtok",
@@ -87,7 +91,9 @@ class PriceSpec:
     cache_write_30m_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_30m_multiplier"]
     cache_write_12h_multiplier: Decimal = DEFAULT_MULTIPLIERS["cache_write_12h_multiplier"]
     cache_write_24h_multiplier: Decimal | None = None
+    batch_multiplier: Decimal = DEFAULT_BATCH_MULTIPLIER
     rates: Rates = field(init=False, repr=False, compare=False)
+    batch_rates: Rates = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not self.model or len(self.model) > 200:
@@ -103,21 +109,33 @@ class PriceSpec:
                 raise PriceError(f"{self.model}: {name} must be a non-negative decimal, got {value!r}")
             if value > (MAX_MULTIPLIER if name.endswith("multiplier") else MAX_USD_PER_MTOK):
                 raise PriceError(f"{self.model}: {name} = {value} is beyond any plausible price")
-        p_in, p_out = self.input_usd_per_mtok, self.output_usd_per_mtok
+        batch = self.batch_multiplier
+        if not isinstance(batch, Decimal) or not batch.is_finite() or not 0 < batch <= 1:
+            raise PriceError(f"{self.model}: batch_multiplier must be a decimal in (0, 1], got {batch!r}")
+        object.__setattr__(self, "rates", self._rates(Decimal(1)))
+        object.__setattr__(self, "batch_rates", self._rates(batch))
+
+    def _rates(self, scale: Decimal) -> Rates:
+        """Every category's rate times `scale` (1, or the batch multiplier), in whole pico-dollars per token.
+
+        An interactive rate finer than that is a PriceError. A batch rate is the interactive one times
+        the multiplier, rounded half-even to the pico-dollar per token where it is finer (a 4-decimal
+        price times 1.25 times 0.5 can be 62.5 pico-dollars): the batch price is then that rate, exactly,
+        at most half a pico-dollar per token from the exact share; prices.toml's are all exact.
+        """
+        p_in, p_out = self.input_usd_per_mtok * scale, self.output_usd_per_mtok * scale
         m24 = self.cache_write_24h_multiplier
-        object.__setattr__(
-            self,
-            "rates",
-            Rates(
-                input=_rate(self.model, "input", p_in),
-                cache_write_5m=_rate(self.model, "cache write 5m", p_in * self.cache_write_5m_multiplier),
-                cache_write_30m=_rate(self.model, "cache write 30m", p_in * self.cache_write_30m_multiplier),
-                cache_write_1h=_rate(self.model, "cache write 1h", p_in * self.cache_write_1h_multiplier),
-                cache_write_12h=_rate(self.model, "cache write 12h", p_in * self.cache_write_12h_multiplier),
-                cache_write_24h=None if m24 is None else _rate(self.model, "cache write 24h", p_in * m24),
-                cache_read=_rate(self.model, "cache read", p_in * self.cache_read_multiplier),
-                output=_rate(self.model, "output", p_out),
-            ),
+        what = "" if scale == 1 else "batch "
+        rate = _rate if scale == 1 else _rounded_rate
+        return Rates(
+            input=rate(self.model, f"{what}input", p_in),
+            cache_write_5m=rate(self.model, f"{what}cache write 5m", p_in * self.cache_write_5m_multiplier),
+            cache_write_30m=rate(self.model, f"{what}cache write 30m", p_in * self.cache_write_30m_multiplier),
+            cache_write_1h=rate(self.model, f"{what}cache write 1h", p_in * self.cache_write_1h_multiplier),
+            cache_write_12h=rate(self.model, f"{what}cache write 12h", p_in * self.cache_write_12h_multiplier),
+            cache_write_24h=None if m24 is None else rate(self.model, f"{what}cache write 24h", p_in * m24),
+            cache_read=rate(self.model, f"{what}cache read", p_in * self.cache_read_multiplier),
+            output=rate(self.model, f"{what}output", p_out),
         )
 
     @property
@@ -130,24 +148,31 @@ class PriceSpec:
         return Decimal(self.rates.for_category(category)).scaleb(-6).normalize()
 
     def same_prices(self, other: PriceSpec) -> bool:
-        return all(getattr(self, n) == getattr(other, n) for n in ("model", *PRICE_FIELDS))
+        return all(getattr(self, n) == getattr(other, n) for n in ("model", *PRICE_FIELDS, "batch_multiplier"))
 
-    def cost_pico(self, counts: TokenCounts) -> int:
+    def rates_for(self, *, batch: bool = False) -> Rates:
+        """The interactive rates, or a batch request's (each rate times batch_multiplier, exactly)."""
+        return self.batch_rates if batch else self.rates
+
+    def cost_pico(self, counts: TokenCounts, *, batch: bool = False) -> int:
         """Exact cost in pico-dollars: the issue's formula with each multiplier folded into a rate."""
+        rates = self.rates_for(batch=batch)
         total = 0
         for category, tokens in counts.by_category().items():
             if tokens:
-                total += tokens * self.rates.for_category(category)
+                total += tokens * rates.for_category(category)
         return total
 
-    def uncached_cost_pico(self, counts: TokenCounts) -> int:
+    def uncached_cost_pico(self, counts: TokenCounts, *, batch: bool = False) -> int:
         """What the same request would cost with no prompt cache: every prompt token as input."""
-        return counts.prompt_tokens * self.rates.input + counts.output * self.rates.output
+        rates = self.rates_for(batch=batch)
+        return counts.prompt_tokens * rates.input + counts.output * rates.output
 
-    def read_savings_pico(self, counts: TokenCounts) -> int:
+    def read_savings_pico(self, counts: TokenCounts, *, batch: bool = False) -> int:
         """What the request's cache reads saved: those tokens at the input rate, less their read rate
         (the dashboard's read savings). Never negative: a catalog pricing reads above input saves nothing."""
-        return max(0, counts.cache_read * (self.rates.input - self.rates.cache_read))
+        rates = self.rates_for(batch=batch)
+        return max(0, counts.cache_read * (rates.input - rates.cache_read))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -192,7 +217,8 @@ class PriceChange:
                 values[name] = DEFAULT_MULTIPLIERS[name]
             elif name not in NULLABLE_FIELDS:
                 raise PriceError(f"{self.model} has no earlier version to carry {name} over from; give it")
-        spec = PriceSpec(model=self.model, effective_from=self.effective_from, **values)  # type: ignore[arg-type]
+        batch = previous.batch_multiplier if previous is not None else DEFAULT_BATCH_MULTIPLIER
+        spec = PriceSpec(model=self.model, effective_from=self.effective_from, batch_multiplier=batch, **values)  # type: ignore[arg-type]
         return ResolvedPrice(spec=spec, carried_over=tuple(carried))
 
 
@@ -211,6 +237,11 @@ def _rate(model: str, what: str, usd_per_mtok: Decimal) -> int:
             "use at most 4 decimals for prices and multiples of 0.05 for multipliers"
         )
     return int(pico)
+
+
+def _rounded_rate(model: str, what: str, usd_per_mtok: Decimal) -> int:
+    """A derived (batch) rate in whole pico-dollars per token, rounded half-even where it is finer."""
+    return int((usd_per_mtok * PICO_PER_TOKEN_PER_USD_PER_MTOK).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
 def parse_price_entries(data: dict[str, Any], *, source: str = "prices") -> list[PriceSpec]:

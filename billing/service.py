@@ -276,7 +276,7 @@ class BillingService:
                 )
         await asyncio.to_thread(self.spool.append, spool_records.spool_record(charge, version))
         self.metrics.spooled.inc()
-        cost = version.cost_pico(charge.counts)
+        cost = version.cost_pico(charge.counts, batch=charge.batch)
         self.outage.spooled(request_id=charge.request_id, cost_pico=cost)
         log.debug("billing.settlement_spooled", request_id=charge.request_id)
         return SettleOutcome(cost_pico=cost, price_version_id=version.id, spooled=True, duplicate=False)
@@ -316,9 +316,8 @@ class BillingService:
     def quote(self, charge: UsageCharge) -> SettleOutcome:
         """The cost of a charge from the in-memory catalog, touching no database."""
         version = self.price_for(charge.model, charge.started_at)
-        return SettleOutcome(
-            cost_pico=version.cost_pico(charge.counts), price_version_id=version.id, spooled=True, duplicate=False
-        )
+        cost = version.cost_pico(charge.counts, batch=charge.batch)
+        return SettleOutcome(cost_pico=cost, price_version_id=version.id, spooled=True, duplicate=False)
 
     async def spool_with_usage_record(self, charge: UsageCharge, usage_record: dict[str, Any]) -> SettleOutcome:
         """Spool a request whose usage record (the gateway's usage_records row) could not be written

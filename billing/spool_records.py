@@ -43,6 +43,7 @@ async def charge_of_stored_record(session: AsyncSession, charge: UsageCharge) ->
         counts=billed_counts(counts, status=row.status),
         ttft_ms=row.ttft_ms,
         latency_ms=row.latency_ms,
+        batch=row.batch,
     )
 
 
@@ -61,6 +62,7 @@ def spool_record(charge: UsageCharge, version: PriceVersion) -> dict[str, Any]:
         "counts": asdict(charge.counts),
         "ttft_ms": charge.ttft_ms,
         "latency_ms": charge.latency_ms,
+        "batch": charge.batch,
     }
 
 
@@ -86,5 +88,6 @@ def parse_spool_record(record: dict[str, Any]) -> tuple[UsageCharge, int]:
         counts=TokenCounts(**record["counts"]),
         ttft_ms=record["ttft_ms"],
         latency_ms=record["latency_ms"],
+        batch=bool(record.get("batch", False)),  # records spooled before batches have none
     )
     return charge, int(record["price_version_id"])

@@ -28,6 +28,7 @@ from gateway.auth_cache import PrincipalCache
 from gateway.auth_invalidation import AuthInvalidation
 from gateway.backends.base import EngineClient
 from gateway.backends.factory import engine_client
+from gateway.batches.runner import BatchRunner
 from gateway.billing_hooks import BillingHooks, NoBilling
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
@@ -39,7 +40,7 @@ from gateway.request_workers import RequestWorkers, WorkerSetup
 from gateway.services.completions import PrepareContext
 from gateway.services.server_state import ensure_admin_token, ensure_secret
 from gateway.settings import GatewaySettings
-from gateway.shutdown import cleanup_budget_s, shut_down
+from gateway.shutdown import bounded, cleanup_budget_s, shut_down
 from gateway.state import Gateway
 from gateway.usage import DatabaseUsageRecorder, UsageRecorder
 from kvgate import __version__
@@ -209,6 +210,8 @@ def create_app(
                 ) from exc
         invalidation.start()  # subscribes in the background; until then every key is checked in the database
         app.state.gateway = gw
+        gw.batch_runner = BatchRunner(gw, concurrency=settings.batch_concurrency)
+        gw.batch_runner.start()  # batches in progress resume (after the crash recovery above)
         # Connections pooled before an outage may have died with it: start afresh when it ends.
         gw.db_health.add_recovery_hook(lambda: db.sync_engine.dispose(close=False))
         if own_recorder is not None:
@@ -222,6 +225,7 @@ def create_app(
             yield
         finally:
             gc.unfreeze()
+            await bounded("batch_runner", gw.batch_runner.stop(), cleanup_budget_s(settings.shutdown_grace_s) / 3)
             closers: list[tuple[str, Callable[[], Awaitable[object]]]] = []
             if gw.journal is not None:
                 closers.append(("inflight_journal", gw.journal.aclose))

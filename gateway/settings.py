@@ -48,6 +48,12 @@ class GatewaySettings(KvgateSettings):
         description="Worker processes that parse, render and tokenize large request bodies off the event loop; "
         "defaults to half the cores, 1 to 4.",
     )
+    batch_concurrency: int = Field(
+        2,
+        ge=0,
+        description="Batch items (/v1/messages/batches, /v1/batches) this gateway runs at once, at low priority "
+        "beside interactive requests; 0 runs none (batches wait for another gateway).",
+    )
     header_timeout_s: float = Field(
         10.0, gt=0, description="A connection must send a request's complete headers within this many seconds."
     )

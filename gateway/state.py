@@ -52,6 +52,8 @@ class Gateway:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     # Shares auth-cache evictions with the other gateways (KVGATE_REDIS_URL); None: this process only.
     auth_invalidation: AuthInvalidation | None = None
+    # Runs stored batches' items (gateway/batches/runner.py BatchRunner); set by the lifespan.
+    batch_runner: Any = None
 
     async def evict_principals(self, *, key_id: str | None = None, tenant_id: str | None = None) -> None:
         """Drop a changed key's (or tenant's) cached principals here and, with Redis, on every gateway."""

@@ -15,6 +15,7 @@ from billing import models as billing_models
 from billing.hooks import create_billing_hooks
 from gateway import app as gateway_app
 from gateway import responses_store
+from gateway.batches import models as batch_models
 from gateway.billing_hooks import BillingHooks
 from gateway.ratelimit import RateLimiter
 from gateway.settings import GatewaySettings
@@ -26,7 +27,7 @@ from web import app as web_app
 from web import models as web_models
 
 # The modules that define tables; importing them registers their tables on Base.metadata.
-TABLE_MODULES = (tenancy, responses_store, billing_models, web_models)
+TABLE_MODULES = (tenancy, responses_store, batch_models, billing_models, web_models)
 
 
 def load_models() -> MetaData:

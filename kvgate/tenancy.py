@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, ForeignKey, Integer, String, UniqueConstraint
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kvgate.db import Base, UTCDateTime, utcnow
@@ -100,6 +100,8 @@ class UsageRecord(Base):
     backend: Mapped[str | None] = mapped_column(String(16))
     engine_id: Mapped[str | None] = mapped_column(String(200))
     predicted_cached_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # A batch item (gateway/batches, migration 0009): billed at the price version's batch rates.
+    batch: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ServerState(Base):

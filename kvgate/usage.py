@@ -144,6 +144,8 @@ class UsageEvent:
     engine_id: str | None = None
     # The router's expectation of cache_read; recorded to compare with it, never billed.
     predicted_cached_tokens: int | None = None
+    # A batch item's request (gateway/batches): priced at the batch rates.
+    batch: bool = False
 
     def as_row(self) -> dict[str, Any]:
         """The event as a usage_records row."""
@@ -161,6 +163,7 @@ class UsageEvent:
             "backend": self.backend,
             "engine_id": self.engine_id,
             "predicted_cached_tokens": self.predicted_cached_tokens,
+            "batch": self.batch,
         }
 
 

@@ -17,7 +17,10 @@ from kvgate.errors import InvalidRequestError, KvgateError, NotFoundError
 Dialect = Literal["anthropic", "openai"]
 
 # The usage API (/v1/organization/..., /v1/key) answers in OpenAI's shape, as OpenAI's and OpenRouter's do.
-_OPENAI_PREFIXES = ("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/organization/")
+_OPENAI_PREFIXES = (
+    *("/v1/chat/", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/organization/"),
+    *("/v1/batches", "/v1/files"),  # OpenAI Batch and its files (gateway/batches)
+)
 _OPENAI_PATHS = ("/v1/key",)
 
 

@@ -192,3 +192,17 @@ def test_pricebook_picks_the_version_in_force_at_request_start():
     assert book.price_for("b", datetime(2026, 3, 1, tzinfo=UTC)).id == 3
     with pytest.raises(NoPriceError):
         book.price_for("b", datetime(2026, 1, 15, tzinfo=UTC))
+
+
+def test_a_batch_rate_finer_than_a_pico_dollar_is_rounded_and_the_interactive_rate_stays_exact() -> None:
+
+    # 0.0001 USD/Mtok is 100 pico-dollars a token; its 5m write 125; half of that 62.5 rounds (half-even) to 62.
+    spec = PriceSpec(
+        model="m",
+        effective_from=datetime(2026, 1, 1, tzinfo=UTC),
+        input_usd_per_mtok=Decimal("0.0001"),
+        output_usd_per_mtok=Decimal("0.0003"),
+    )
+    assert spec.rates.input == 100 and spec.rates.cache_write_5m == 125
+    batch = spec.rates_for(batch=True)
+    assert batch.input == 50 and batch.cache_write_5m == 62 and batch.output == 150
