@@ -8,6 +8,7 @@ import secrets
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -320,25 +321,22 @@ async def save_result(
 
 async def release(sessions: async_sessionmaker[AsyncSession], claims: Sequence[Claim]) -> None:
     """Hand claimed items back (the runner stops, or the engine is busy): they wait to be run again."""
-    async with sessions() as session:
-        for claim in claims:
-            await session.execute(
-                update(BatchItem)
-                .where(BatchItem.batch_id == claim.batch_id, BatchItem.position == claim.position)
-                .where(BatchItem.request_id == claim.request_id, BatchItem.status == RUNNING)
-                .values(status=PENDING, lease_until=None)
-            )
-        await session.commit()
+    await _update_running(sessions, claims, status=PENDING, lease_until=None)
 
 
 async def renew_leases(sessions: async_sessionmaker[AsyncSession], claims: Sequence[Claim], until: datetime) -> None:
+    await _update_running(sessions, claims, lease_until=until)
+
+
+async def _update_running(sessions: async_sessionmaker[AsyncSession], claims: Sequence[Claim], **values: Any) -> None:
+    """Set `values` on each claimed item still running under its claim's attempt (one transaction)."""
     async with sessions() as session:
         for claim in claims:
             await session.execute(
                 update(BatchItem)
                 .where(BatchItem.batch_id == claim.batch_id, BatchItem.position == claim.position)
                 .where(BatchItem.request_id == claim.request_id, BatchItem.status == RUNNING)
-                .values(lease_until=until)
+                .values(**values)
             )
         await session.commit()
 
