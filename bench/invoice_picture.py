@@ -1,8 +1,9 @@
-"""Write docs/images/invoice-sample.png: the first page of a sample finalized invoice PDF (for docs/billing.md).
+"""Write docs/images/invoice-sample.png and credit-note-sample.png: page 1 of a sample finalized invoice's
+PDF and of a credit note against it (for docs/billing.md).
 
-Run: .venv/bin/python bench/invoice_picture.py. The invoice is built in memory (no database): a German seller
-billing a German buyer at 19% VAT, with one credit note; rendered by billing.render.render_pdf and rasterized
-with pypdfium2.
+Run: .venv/bin/python bench/invoice_picture.py. The documents are built in memory (no database): a German
+seller billing a German buyer at 19% VAT, and a $5.00 credit note; rendered by billing.render.render_pdf and
+billing.credit_note_documents.render_credit_note_pdf, and rasterized with pypdfium2.
 """
 
 from __future__ import annotations
@@ -14,16 +15,19 @@ from pathlib import Path
 
 import pypdfium2
 
+from billing.credit_note_documents import credit_note_documents, render_credit_note_pdf
 from billing.invoice_lines import InvoiceLine
+from billing.models import CreditNote
 from billing.money import round_to_cents
 from billing.profiles import Address, BillingProfile, TaxId, TaxTreatment
-from billing.render import CreditNoteSummary, InvoiceDocument, render_pdf
+from billing.render import InvoiceDocument, render_pdf
 from billing.settings import BillingSettings
 from billing.tax import tax_lines
 from kvgate import REPO_ROOT
 from kvgate.usage import Category
 
 OUT = REPO_ROOT / "docs" / "images" / "invoice-sample.png"
+CREDIT_NOTE_OUT = REPO_ROOT / "docs" / "images" / "credit-note-sample.png"
 USAGE = (  # model, category, tokens, USD per Mtok
     ("SmolLM2-135M-Instruct", Category.INPUT, 1_204_311, "0.10"),
     ("SmolLM2-135M-Instruct", Category.CACHE_WRITE_5M, 2_310_000, "0.125"),
@@ -75,7 +79,6 @@ def sample() -> InvoiceDocument:
         requests=18_342,
         total_cents=subtotal,
         uncached_cents=round_to_cents(exact_total * 3),
-        credit_notes=(CreditNoteSummary("KVG-CN-000007", 500, "service credit, outage 2026-03-12", datetime.now(UTC)),),
         seller=settings.seller_name,
         seller_profile=settings.seller_profile(),
         buyer=buyer,
@@ -91,13 +94,27 @@ def sample() -> InvoiceDocument:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--credit-note-out", type=Path, default=CREDIT_NOTE_OUT)
     parser.add_argument("--scale", type=float, default=1.4, help="pixels per PDF point")
     args = parser.parse_args()
-    pdf = pypdfium2.PdfDocument(render_pdf(sample()))
-    image = pdf[0].render(scale=args.scale).to_pil()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    image.save(args.out, optimize=True)
-    print(f"wrote {args.out} ({image.width}x{image.height})")
+    invoice = sample()
+    note = CreditNote(
+        id=7,
+        invoice_id=invoice.invoice_id,
+        number="KVG-CN-000007",
+        amount_cents=500,
+        reason="service credit, outage 2026-03-12",
+        created_at=datetime(2026, 4, 20, 9, 30, tzinfo=UTC),
+    )
+    (credit_note,) = credit_note_documents(invoice, [note])
+    for pdf_bytes, out in (
+        (render_pdf(invoice), args.out),
+        (render_credit_note_pdf(credit_note), args.credit_note_out),
+    ):
+        image = pypdfium2.PdfDocument(pdf_bytes)[0].render(scale=args.scale).to_pil()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        image.save(out, optimize=True)
+        print(f"wrote {out} ({image.width}x{image.height})")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ class BudgetExceededError(BillingError):
         self.spent_pico = spent_pico
         self.reserved_pico = reserved_pico
         self.needed_pico = needed_pico
+        self.refusal, self.refusal_reserve_pico = scope, needed_pico  # kvgate.errors.KvgateError.refusal
         what = {
             TENANT_MONTH: "the monthly spend limit",
             KEY_MONTH: "this API key's monthly spend limit",

@@ -9,9 +9,14 @@ from billing.errors import BillingDomainError
 from billing.invoices import DRAFT, InvoiceStateError, get_invoice
 from billing.models import CreditNote, Invoice
 from billing.numbering import next_number
+from kvgate.errors import NotFoundError
 
 
 class CreditNoteError(BillingDomainError, ValueError):
+    pass
+
+
+class CreditNoteNotFoundError(NotFoundError, CreditNoteError):
     pass
 
 
@@ -54,3 +59,10 @@ async def list_credit_notes(
     if tenant_id is not None:
         query = query.join(Invoice, Invoice.id == CreditNote.invoice_id).where(Invoice.tenant_id == tenant_id)
     return list((await session.scalars(query)).all())
+
+
+async def get_credit_note(*, session: AsyncSession, credit_note_id: int) -> CreditNote:
+    note = await session.get(CreditNote, credit_note_id)
+    if note is None:
+        raise CreditNoteNotFoundError(f"credit note {credit_note_id} not found")
+    return note

@@ -33,7 +33,7 @@ from kvgate.db import create_engine, session_factory
 from kvgate.db_health import is_database_unavailable
 from kvgate.errors import DATABASE_RETRY_AFTER_S, DatabaseUnavailableError
 from kvgate.settings import KvgateSettings
-from kvgate.usage import STANDARD_TTLS_S, TTL_BY_SECONDS, UsageEvent, billed_counts
+from kvgate.usage import REFUSED, STANDARD_TTLS_S, TTL_BY_SECONDS, UsageEvent, billed_counts
 
 log = structlog.get_logger(__name__)
 
@@ -166,6 +166,8 @@ class SpoolingUsageRecorder:
             else:
                 health.succeeded()
                 return recorded
+        if event.status == REFUSED:  # no usage to bill: not spooled (gateway/refusals.py)
+            return False
         await self._billing.spool_event(event)
         log.debug("billing.usage_record_spooled", request_id=event.request_id)
         return True

@@ -23,7 +23,7 @@ from billing.models import CreditNote, Invoice, InvoiceLineRow, LedgerEntry, Pri
 from billing.numbering import next_number
 from billing.periods import finalizable_at, month_bounds, month_start
 from billing.profiles import BillingProfile, TaxTreatment, get_profile
-from billing.render import CreditNoteSummary, InvoiceDocument
+from billing.render import InvoiceDocument
 from billing.tax import TaxLine, tax_lines
 from kvgate.db import insert_ignore, utcnow
 from kvgate.errors import ConflictError, NotFoundError
@@ -361,10 +361,6 @@ async def invoice_document(
         requests=view.computation.requests,
         total_cents=view.computation.total_cents,
         uncached_cents=view.computation.uncached_cents,
-        credit_notes=tuple(
-            CreditNoteSummary(number=n.number, amount_cents=n.amount_cents, reason=n.reason, created_at=n.created_at)
-            for n in view.credit_notes
-        ),
         seller=seller_profile.legal_name,
         seller_profile=seller_profile,
         buyer=view.buyer,

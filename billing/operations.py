@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from billing import budget_limits, budgets, catalog, credit_notes, invoices, profiles, stripe_sync, tax_rules
 from billing.budgets import BudgetStatus, UnknownOwnerError
 from billing.catalog import SeedResult
+from billing.credit_note_documents import CreditNoteDocument, credit_note_documents
 from billing.errors import NotConfiguredError
 from billing.models import CreditGrant, CreditNote, KeyBudget
 from billing.prices import PriceChange, PriceVersion, load_price_file
@@ -181,6 +182,17 @@ async def invoice_document(
         payment_instructions=settings.payment_instructions,
         payment_terms_days=settings.payment_terms_days,
     )
+
+
+async def credit_note_document(
+    *, session: AsyncSession, credit_note_id: int, seller: str, settings: BillingSettings | None = None
+) -> CreditNoteDocument:
+    """A credit note as a document, against its invoice as issued (CreditNoteNotFoundError if none)."""
+    note = await credit_notes.get_credit_note(session=session, credit_note_id=credit_note_id)
+    invoice = await invoice_document(session=session, invoice_id=note.invoice_id, seller=seller, settings=settings)
+    notes = await credit_notes.list_credit_notes(session=session, invoice_id=note.invoice_id)
+    # A note's split depends on the notes before it (the last cent takes what is left), never on later ones.
+    return credit_note_documents(invoice, [n for n in notes if n.id <= note.id])[-1]
 
 
 async def issue_credit_note(

@@ -28,14 +28,6 @@ UNIT_PRICE_DECIMALS = 4  # catalog prices have at most four decimals of USD per 
 _TAX_ID_LABELS = {"eu_vat": "VAT ID", "gb_vat": "VAT ID", "ch_vat": "VAT ID", "de_stn": "Tax number"}
 
 
-@dataclass(frozen=True)
-class CreditNoteSummary:
-    number: str
-    amount_cents: int
-    reason: str
-    created_at: datetime
-
-
 def party_lines(profile: BillingProfile) -> list[str]:
     """A buyer or seller block: legal name, address, email, tax ID."""
     lines = [profile.legal_name]
@@ -70,7 +62,6 @@ class InvoiceDocument(CacheSavings):
     requests: int
     total_cents: int
     uncached_cents: int
-    credit_notes: tuple[CreditNoteSummary, ...] = ()
     seller: str = "kvgate"
     seller_profile: BillingProfile | None = None
     buyer: BillingProfile | None = None
@@ -90,10 +81,6 @@ class InvoiceDocument(CacheSavings):
         return self.status == "draft"
 
     @property
-    def credited_cents(self) -> int:
-        return sum(note.amount_cents for note in self.credit_notes)
-
-    @property
     def subtotal_cents(self) -> int:
         return self.total_cents
 
@@ -104,10 +91,6 @@ class InvoiceDocument(CacheSavings):
     @property
     def invoice_total_cents(self) -> int:
         return self.total_cents + self.tax_cents
-
-    @property
-    def amount_due_cents(self) -> int:
-        return self.invoice_total_cents - self.credited_cents
 
     @property
     def period_label(self) -> str:
@@ -154,26 +137,37 @@ def unit_price_text(price: Decimal) -> str:
 
 
 @cache
-def _template() -> jinja2.Template:
-    env = jinja2.Environment(
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
     )
-    return env.get_template("invoice.html")
+
+
+def render_template(name: str, **context: object) -> str:
+    """A billing document (invoice or credit note): a whole HTML document with the shared CSS inline, so
+    it prints as it shows."""
+    css = (TEMPLATES / "invoice.css").read_text()
+    return _environment().get_template(name).render(css=css, usd=format_usd, **context)
 
 
 def render_html(doc: InvoiceDocument) -> str:
-    """The invoice page (a whole HTML document with its CSS inline, so it also prints as it shows)."""
-    css = (TEMPLATES / "invoice.css").read_text()
-    return _template().render(doc=doc, css=css, usd=format_usd, labels=CATEGORY_LABELS, unit_price=unit_price_text)
+    """The invoice: the dashboard's invoice page shows this same document."""
+    return render_template("invoice.html", doc=doc, labels=CATEGORY_LABELS, unit_price=unit_price_text)
 
 
-def render_pdf(doc: InvoiceDocument) -> bytes:
-    """The same HTML as `render_html`, as an A4 PDF with page numbers."""
+def html_to_pdf(html: str) -> bytes:
+    """A4 with page numbers. WeasyPrint adds no creation date unless the HTML asks for one, so the same
+    HTML prints to the same bytes: an issued document's PDF is reproducible (tests/billing/test_credit_notes.py)."""
     try:
         import weasyprint
     except OSError as exc:  # WeasyPrint loads Pango when imported
         raise NotConfiguredError(
             f"PDF invoices need Pango (Debian: apt-get install libpango-1.0-0 libpangoft2-1.0-0): {exc}"
         ) from exc
-    html = weasyprint.HTML(string=render_html(doc), base_url=str(TEMPLATES))
-    return bytes(html.write_pdf() or b"")  # title and author come from the HTML's <title> and <meta>
+    document = weasyprint.HTML(string=html, base_url=str(TEMPLATES))
+    return bytes(document.write_pdf() or b"")  # title and author come from the HTML's <title> and <meta>
+
+
+def render_pdf(doc: InvoiceDocument) -> bytes:
+    """The same HTML as `render_html`, as an A4 PDF."""
+    return html_to_pdf(render_html(doc))

@@ -330,6 +330,7 @@ async def start_generation(
 ) -> Generation:
     """Reserve the prompt's input tokens, admit the request to billing and hand it to the engine."""
     model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
+    ctx.log.update(model=model, prompt_tokens=len(prompt.token_ids))  # a refusal's record names the model
     await check_engine(gw)
     principal = ctx.principal
     share = FairShare(key=principal.tenant_id, weight=principal.scheduling_weight)
@@ -384,7 +385,6 @@ async def start_generation(
         if isinstance(exc, EngineInvalidRequest):
             raise InvalidRequestError(str(exc)) from exc
         raise
-    ctx.log.update(model=model, prompt_tokens=prompt_tokens)
     return Generation(
         gw,
         ctx=ctx,

@@ -16,6 +16,10 @@ class KvgateError(Exception):
     anthropic_type: str = "api_error"
     openai_type: str = "server_error"
     openai_code: str | None = None
+    # A refusal for a limit, recorded as a usage record with status "refused" (gateway/refusals.py): the
+    # limit's name, and the reserve that did not fit it in pico-dollars (None where no money was at stake).
+    refusal: str | None = None
+    refusal_reserve_pico: int | None = None
 
     def __init__(
         self,
@@ -124,6 +128,7 @@ class RateLimitError(_RetryableError):
     anthropic_type = "rate_limit_error"
     openai_type = "requests"
     openai_code = "rate_limit_exceeded"
+    refusal = "rate_limit"
 
 
 class OverloadedError(_RetryableError):

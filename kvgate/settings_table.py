@@ -8,6 +8,7 @@ from typing import Any
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
+from alerts.settings import AlertSettings
 from billing.settings import BillingSettings
 from gateway.settings import GatewaySettings
 from inference.settings import EngineSettings
@@ -24,6 +25,7 @@ SETTINGS_CLASSES: tuple[tuple[type[BaseSettings], str], ...] = (
     (DatabaseSettings, "database"),
     (BillingSettings, "billing"),
     (WebSettings, "dashboard"),
+    (AlertSettings, "alerts"),
 )
 START, END = "<!-- settings:start -->", "<!-- settings:end -->"
 

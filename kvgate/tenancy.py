@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Integer, String, UniqueConstraint, false
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kvgate.db import Base, UTCDateTime, utcnow
@@ -75,6 +75,8 @@ class UsageRecord(Base):
     """One row per finished or abandoned request; the request id makes writes idempotent."""
 
     __tablename__ = "usage_records"
+    # A tenant's refusals by time (the Overview, Requests and the alerts read them; migration 0011).
+    __table_args__ = (Index("ix_usage_records_tenant_status_started", "tenant_id", "status", "started_at"),)
 
     request_id: Mapped[str] = mapped_column(String(64), primary_key=True)
     tenant_id: Mapped[str] = mapped_column(String(40), index=True)
@@ -102,6 +104,10 @@ class UsageRecord(Base):
     predicted_cached_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # A batch item (gateway/batches, migration 0009): billed at the price version's batch rates.
     batch: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # A refused request (status "refused", migration 0011): the limit that refused it and the reserve that
+    # did not fit it (pico-dollars; None for a rate limit). gateway/refusals.py writes these.
+    refusal_reason: Mapped[str | None] = mapped_column(String(32))
+    refusal_reserve_pico: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class ServerState(Base):

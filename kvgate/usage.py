@@ -120,7 +120,9 @@ class TokenCounts:
 
 
 # interrupted: the process died while the request ran; start-up records it from the in-flight journal.
-UsageStatus = Literal["ok", "cancelled", "error", "interrupted"]
+# "refused": a key over its rate limit or a request over a budget (gateway/refusals.py), never run nor billed.
+UsageStatus = Literal["ok", "cancelled", "error", "interrupted", "refused"]
+REFUSED: UsageStatus = "refused"
 Endpoint = Literal["messages", "chat.completions", "completions", "responses"]
 
 
@@ -146,6 +148,9 @@ class UsageEvent:
     predicted_cached_tokens: int | None = None
     # A batch item's request (gateway/batches): priced at the batch rates.
     batch: bool = False
+    # A refused request's limit (kvgate.errors.KvgateError.refusal) and the reserve that did not fit it.
+    refusal_reason: str | None = None
+    refusal_reserve_pico: int | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The event as a usage_records row."""
@@ -164,6 +169,8 @@ class UsageEvent:
             "engine_id": self.engine_id,
             "predicted_cached_tokens": self.predicted_cached_tokens,
             "batch": self.batch,
+            "refusal_reason": self.refusal_reason,
+            "refusal_reserve_pico": self.refusal_reserve_pico,
         }
 
 

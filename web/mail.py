@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import smtplib
 import ssl
+from collections.abc import Sequence
 from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
@@ -54,5 +55,18 @@ async def send_login_link(settings: WebSettings, *, to: str, url: str, tenant_na
         tenant_name=tenant_name,
         valid_minutes=settings.login_link_ttl_minutes,
     )
+    await asyncio.to_thread(_send, settings.smtp_url.get_secret_value(), message)
+    return True
+
+
+async def send_mail(settings: WebSettings, *, to: Sequence[str], subject: str, body: str) -> bool:
+    """Mail a plain-text message (alerts use it); False (nothing sent) when no SMTP server is configured."""
+    if settings.smtp_url is None:
+        return False
+    message = EmailMessage()
+    message["From"] = settings.smtp_from
+    message["To"] = ", ".join(to)
+    message["Subject"] = subject
+    message.set_content(body)
     await asyncio.to_thread(_send, settings.smtp_url.get_secret_value(), message)
     return True

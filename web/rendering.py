@@ -16,23 +16,40 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
 from kvgate.usage import TTL_CLASSES
-from web.formatting import FILTERS
+from web.chart_text import amount_summary, rate_summary
+from web.formatting import FILTERS, integer, percent, usd
 
 WEB_DIR = Path(__file__).resolve().parent
 TEMPLATES = Jinja2Templates(directory=WEB_DIR / "templates")
 TEMPLATES.env.filters.update(FILTERS)
 # The write columns of every view, from the one TTL table.
 TEMPLATES.env.globals["ttl_classes"] = TTL_CLASSES
+# Each chart's one-sentence summary (web/chart_text.py), with the formatters it writes numbers in.
+TEMPLATES.env.globals.update(
+    amount_summary=amount_summary, rate_summary=rate_summary, as_usd=usd, as_integer=integer, as_percent=percent
+)
 
 SECURITY_HEADERS = {
     "content-security-policy": (
         "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+        "connect-src 'self'; frame-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+        "base-uri 'none'"
     ),
     "x-content-type-options": "nosniff",
     "referrer-policy": "same-origin",
     "x-frame-options": "DENY",
     "cache-control": "no-store",
+}
+
+# A billing document (invoice, credit note) as HTML: its CSS is inline (the same HTML prints the PDF), it runs
+# no script, and only the dashboard's own pages may frame it.
+DOCUMENT_HEADERS = {
+    **SECURITY_HEADERS,
+    "content-security-policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; "
+        "frame-ancestors 'self'; base-uri 'none'"
+    ),
+    "x-frame-options": "SAMEORIGIN",
 }
 
 

@@ -20,6 +20,7 @@ from billing.periods import month_bounds, month_start
 from billing.usage_buckets import BucketResult, empty_result, usage_breakdown, usage_totals
 from kvgate.tenancy import ApiKey, Tenant
 from web.formatting import ratio, usd
+from web.refusals import RefusalCount, refusal_counts
 
 WARN_AT = Fraction(8, 10)
 """Alerts at 80% of a budget, and again at 100%."""
@@ -35,6 +36,8 @@ class BudgetBar:
     limit_pico: int | None
     limit_is_tenants: bool = False
     """A key without a limit of its own, drawn against the tenant's."""
+    reserved_pico: int = 0
+    """Held by requests in flight: their worst case, until each settles at its real cost."""
 
     @property
     def fraction(self) -> Fraction | None:
@@ -49,6 +52,14 @@ class BudgetBar:
         """The bar's drawn width (it stops at 100 however far over the budget it is)."""
         value = self.fraction
         return 0 if value is None else max(0, min(100, int(value * 100)))
+
+    @property
+    def reserve_width_percent(self) -> int:
+        """The reserve's drawn width, after the spend's (together they stop at 100)."""
+        if self.limit_pico is None or self.reserved_pico <= 0:
+            return 0
+        whole = Fraction(self.spent_pico + self.reserved_pico, max(self.limit_pico, 1))
+        return max(0, min(100, int(whole * 100)) - self.width_percent)
 
     @property
     def level(self) -> str:
@@ -78,6 +89,12 @@ class Overview:
     credit: budgets.CounterState | None
     """Prepaid credit (limit: granted; remaining); None when the tenant is not prepaid."""
     alerts: list[Alert] = field(default_factory=list)
+    refusals: list[RefusalCount] = field(default_factory=list)
+    """This month's refused requests by the limit that refused them (web/refusals.py)."""
+
+    @property
+    def refused(self) -> int:
+        return sum(r.requests for r in self.refusals)
 
     @property
     def hit_rate(self) -> Fraction | None:
@@ -159,7 +176,13 @@ async def tenant_overview(session: AsyncSession, *, tenant: Tenant, now: datetim
         else empty_result()
     )
     status = await budgets.budget_status(session=session, tenant_id=tenant.id, now=now)
-    tenant_bar = BudgetBar(label=tenant.name, spent_pico=totals.cost_pico, limit_pico=status.monthly_limit_pico)
+    tenant_bar = BudgetBar(
+        label=tenant.name,
+        spent_pico=totals.cost_pico,
+        limit_pico=status.monthly_limit_pico,
+        reserved_pico=status.month.reserved_pico,
+    )
+    reserved = {key.api_key_id: key.month.reserved_pico for key in status.keys}
     names = await key_names(session, tenant_id=tenant.id)
     limits = await key_limits(session, tenant_id=tenant.id)
     spend = await key_spend(session, tenant_id=tenant.id, now=now)
@@ -175,6 +198,7 @@ async def tenant_overview(session: AsyncSession, *, tenant: Tenant, now: datetim
                 spent_pico=used.cost_pico if used else 0,
                 limit_pico=own if own is not None else status.monthly_limit_pico,
                 limit_is_tenants=own is None,
+                reserved_pico=reserved.get(key_id, 0),
             )
         )
     return Overview(
@@ -187,6 +211,7 @@ async def tenant_overview(session: AsyncSession, *, tenant: Tenant, now: datetim
         forecast_hours=(now - month_bounds(month_start(now))[0]).total_seconds() / 3600,
         credit=status.credit if status.prepaid else None,
         alerts=_alerts([tenant_bar, *key_bars]),
+        refusals=await refusal_counts(session, tenant_id=tenant.id, start=start, end=now),
     )
 
 

@@ -19,6 +19,7 @@ from kvgate.errors import database_unavailable_error
 # Ids are 64-bit in the database; a larger number is a 400, not a driver overflow.
 MAX_ID = 2**63 - 1
 InvoiceId = Annotated[int, Path(ge=1, le=MAX_ID)]
+CreditNoteId = Annotated[int, Path(ge=1, le=MAX_ID)]
 # Text filters: no NUL, which PostgreSQL text cannot hold (a 400, not a driver error).
 NO_NUL = r"^[^\x00]*$"
 IdFilter = Annotated[str | None, Query(max_length=40, pattern=NO_NUL)]

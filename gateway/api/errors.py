@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 
 from gateway.protocols.common import DISCRIMINATOR_TAGS
+from gateway.refusals import attach_refusal
 from kvgate.errors import InvalidRequestError, KvgateError, NotFoundError
 
 Dialect = Literal["anthropic", "openai"]
@@ -67,7 +68,10 @@ def _respond(request: Request, error: KvgateError) -> Response:
     log = request.scope.get("state", {}).get("log")
     if isinstance(log, dict):
         log["error_type"] = error.anthropic_type
-    return render_error(error, dialect=dialect_for(request.url.path, request.headers), request_id=_request_id(request))
+    dialect = dialect_for(request.url.path, request.headers)
+    response = render_error(error, dialect=dialect, request_id=_request_id(request))
+    attach_refusal(request, error, response)  # a rate or budget refusal leaves a usage record
+    return response
 
 
 def _describe_loc(loc: tuple[Any, ...]) -> str:

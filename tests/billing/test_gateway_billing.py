@@ -254,6 +254,12 @@ async def test_exhausted_budget_is_refused_before_the_engine_runs(server, sessio
         )
     assert quota.value.status_code == 429 and quota.value.code == "insufficient_quota"
     assert (await ledger_sums(sessions, tenant))[0] == 0
+    # Each refusal is a usage record (status "refused") with the budget and the reserve that did not fit.
+    for error, endpoint in ((refused.value, "messages"), (quota.value, "chat.completions")):
+        record = server.usage_record(error.request_id or "")
+        assert record is not None and record["status"] == "refused", endpoint
+        assert (record["endpoint"], record["model"], record["refusal_reason"]) == (endpoint, server.model, "tenant_month")
+        assert record["refusal_reserve_pico"] > 10**6 and record["input_tokens"] == 0
     # Positive control: with room in the budget the same request runs and is charged.
     async with sessions() as session:
         await budget_limits.set_tenant_budget(session=session, tenant_id=tenant, monthly_limit_pico=10**12)

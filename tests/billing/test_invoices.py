@@ -251,7 +251,7 @@ async def test_numbers_are_sequential_and_credit_notes_are_bounded(sessions, pri
         await session.commit()
         view = await view_invoice(session=session, invoice_id=ids[0])
         document = await invoice_document(session=session, view=view, seller="kvgate")
-    assert view.credited_cents == total and document.amount_due_cents == 0
+    assert view.credited_cents == total and view.amount_due_cents == 0 and document.number == view.invoice.number
     assert int(last.number.split("-")[-1]) == int(note.number.split("-")[-1]) + 1
     async with sessions() as session:
         with pytest.raises(DBAPIError, match="append-only"):

@@ -138,7 +138,9 @@ async def test_a_finalized_19_percent_invoice_prints_every_field(sessions, price
     assert f"Subtotal {usd(subtotal)}" in one
     assert f"VAT 19% on {usd(subtotal)} {usd(tax)}" in one
     assert f"Total {usd(subtotal + tax)}" in one
-    assert "-$0.05" in one and f"Amount due {usd(subtotal + tax - 5)}" in one
+    # The credit note issued after finalization is a document of its own (tests/billing/test_credit_notes.py):
+    # the issued invoice shows neither it nor an amount due that it changes.
+    assert "-$0.05" not in one and "Credit note" not in one and "Amount due" not in one
     assert "IBAN DE02 1001 0010 0123 4567 89" in one and "by 2026-05-05" in one
     assert f"caching saved {usd(doc.savings_cents)} ({doc.savings_percent}%)" in one
     assert f"Page 1 of {pages}" in one
@@ -155,7 +157,7 @@ async def test_reverse_charge_and_exempt_invoices_charge_no_tax_and_say_why(sess
     one = flat(pdf_text(render_pdf(doc))[0])
     assert note in one
     assert "Tax $0.00" in one and "VAT 19%" not in one
-    assert f"Total {usd(view.subtotal_cents)}" in one and f"Amount due {usd(view.subtotal_cents)}" in one
+    assert f"Total {usd(view.subtotal_cents)}" in one and f"Please pay {usd(view.subtotal_cents)}" in one
 
 
 async def test_a_draft_carries_a_watermark_and_no_number(sessions, pricebook):

@@ -156,10 +156,17 @@ def test_rate_limited_requests_get_429_with_headers(gateway: GatewayServer) -> N
     raw = gateway.anthropic(key).messages.with_raw_response.create(model=gateway.model, max_tokens=2, messages=MESSAGES)
     assert raw.headers["anthropic-ratelimit-requests-limit"] == "2"
     assert raw.headers["anthropic-ratelimit-requests-remaining"] == "1"
-    create(gateway, key)
+    ran = create(gateway, key)
     with pytest.raises(anthropic.RateLimitError) as raised:
         create(gateway, key)
     anthropic_error(raised.value, "rate_limit_error")
+    # The refusal is a usage record of its own (gateway/refusals.py), next to the request that ran.
+    refusal = gateway.usage_record(raised.value.request_id or "")
+    assert refusal is not None and refusal["status"] == "refused" and refusal["refusal_reason"] == "rate_limit"
+    assert refusal["endpoint"] == "messages" and refusal["refusal_reserve_pico"] is None
+    assert refusal["input_tokens"] == refusal["output_tokens"] == 0 and refusal["tenant_id"] == key.tenant_id
+    ran_record = gateway.usage_record(ran._request_id or "")
+    assert ran_record is not None and ran_record["status"] == "ok" and ran_record["refusal_reason"] is None
     headers = raised.value.response.headers
     assert 1 <= int(headers["retry-after"]) <= 30
     assert headers["anthropic-ratelimit-requests-remaining"] == "0"

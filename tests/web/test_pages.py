@@ -16,10 +16,14 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from kvgate.usage import TTL_CLASSES, Category
+from billing import budgets
+from billing.periods import month_start
+from kvgate.db import open_database
+from kvgate.tenancy import UsageRecord
+from kvgate.usage import TTL_CLASSES, Category, TokenCounts, UsageEvent
 from tests.web.html_tables import attribute, plain, rows
-from tests.web.pages_setup import SeededTenant, finalize_month, seed_tenant
-from web.formatting import percent
+from tests.web.pages_setup import SeededTenant, finalize_month, run_async, seed_tenant
+from web.formatting import percent, usd
 
 OCTOBER = "preset=custom&start=2026-10-01&end=2026-10-31"
 TOKEN_COLUMNS = [c.value for c in Category]
@@ -200,9 +204,9 @@ def test_requests_pages_through_the_whole_ledger_and_finds_a_request(acme: Seede
 
 def test_invoice_totals_equal_the_usage_page(acme: SeededTenant, client) -> None:  # type: ignore[no-untyped-def]
     invoice = finalize_month(acme)
-    page = client.get(f"/invoices/{invoice['id']}").text
+    page = client.get(f"/invoices/{invoice['id']}/document").text  # the issued document, framed by the page
     usage = client.get(f"/usage?{OCTOBER}").text
-    exact = int(attribute(page, "invoice-exact-total", "data-pico"))
+    exact = int(attribute(page, "invoice-subtotal", "data-exact-pico"))
     assert exact == int(attribute(usage, "total-cost", "data-pico"))
     assert int(attribute(page, "invoice-total", "data-cents")) == round(float(invoice["total_usd"]) * 100)
     tokens = {c: 0 for c in TOKEN_COLUMNS}
@@ -226,6 +230,17 @@ def test_another_tenants_invoice_is_not_found_in_every_form(acme: SeededTenant, 
             assert theirs.status_code == 404, path
             assert invoice["number"] not in theirs.text and acme.tenant_id not in theirs.text
         assert owner.get(f"/invoices/{invoice['id']}.pdf").content.startswith(b"%PDF")
+        note = acme.server.admin.post(
+            f"/admin/v1/invoices/{invoice['id']}/credit-notes", json={"amount_usd": "0.01", "reason": "goodwill"}
+        )
+        note.raise_for_status()
+        for suffix in ("", ".pdf"):
+            path = f"/credit-notes/{note.json()['id']}{suffix}"
+            assert owner.get(path).status_code == 200, path
+            theirs = stranger.get(path)
+            assert theirs.status_code == 404, path
+            assert note.json()["number"] not in theirs.text and invoice["number"] not in theirs.text
+        assert note.json()["number"] in owner.get("/invoices").text
         assert stranger.get("/invoices/999999999").status_code == 404
         assert stranger.get(f"/invoices/{2**63}").status_code == 404
         # Nor do their usage, ledger or search show the other tenant's requests.
@@ -349,3 +364,65 @@ def test_the_admin_page_shows_what_is_still_due_tax_included_and_credits_taken_o
         html = client.get("/admin").text
     row = re.search(rf'data-tenant-id="{seeded.tenant_id}".*?</tr>', html, re.DOTALL)
     assert row is not None and f"1 (${due:,.2f})" in row.group(0), row.group(0) if row else html
+
+
+def test_refusals_are_counted_in_words_listed_and_the_reserve_in_flight_is_drawn(
+    acme: SeededTenant, other: SeededTenant
+) -> None:
+    """Refused requests (usage records with status "refused", gateway/refusals.py) on the Overview and on
+    Requests, and a reservation in flight beside the spend on the budget bar; the other tenant sees none."""
+    now = datetime.now(UTC)
+    key = other.key_ids["gamma"]
+    refusals = [("rate_limit", None), ("tenant_month", 7 * 10**9), ("tenant_month", 9 * 10**9)]
+    budget = {"monthly_limit_usd": "1.00"}
+    other.server.admin.put(f"/admin/v1/tenants/{other.tenant_id}/budget", json=budget).raise_for_status()
+
+    async def write() -> None:
+        async with open_database(other.server.database_url) as sessions, sessions() as session:
+            for i, (reason, reserve) in enumerate(refusals):
+                event = UsageEvent(
+                    request_id=f"req_refused_{other.tenant_id[-8:]}_{i}",
+                    tenant_id=other.tenant_id,
+                    api_key_id=key,
+                    model="" if reserve is None else other.server.model,
+                    endpoint="messages",
+                    started_at=now,
+                    counts=TokenCounts(),
+                    ttft_ms=None,
+                    latency_ms=1,
+                    status="refused",
+                    refusal_reason=reason,
+                    refusal_reserve_pico=reserve,
+                )
+                session.add(UsageRecord(**event.as_row()))
+            limits = await budgets.limits_for(
+                session=session, tenant_id=other.tenant_id, api_key_id=key, month=month_start(now)
+            )
+            held = await budgets.reserve(
+                session=session,
+                request_id=f"req_inflight_{other.tenant_id[-8:]}",
+                tenant_id=other.tenant_id,
+                api_key_id=key,
+                amount_pico=250 * 10**9,  # $0.25 of the $1.00 budget
+                now=now,
+                limits=limits,
+            )
+            assert held is not None
+            await session.commit()
+
+    run_async(write)
+    with other.client() as theirs, acme.client() as mine:
+        overview = theirs.get("/").text
+        reasons = re.findall(r'data-reason="(\w+)" data-requests="(\d+)">([^<]*)<', overview)
+        assert sorted((r, int(n)) for r, n, _ in reasons) == [("rate_limit", 1), ("tenant_month", 2)]
+        assert all(("budget" in w) != ("rate limit" in w) for _, _, w in reasons), reasons
+        assert "max_tokens at the output price" in overview
+        assert 'data-pico="250000000000"' in overview  # the reserve in flight, written out
+        assert "fill reserve w25" in overview  # and drawn after the spend
+        listed = rows(theirs.get("/requests").text, "refusals")
+        assert sorted(r[1] for r in listed) == [f"req_refused_{other.tenant_id[-8:]}_{i}" for i in range(3)]
+        assert sorted(r[6] for r in listed) == sorted(["—", usd(7 * 10**9), usd(9 * 10**9)])
+        # The tenant beside it was refused nothing: none counted, none listed, no reserve drawn.
+        own = mine.get("/").text
+        assert 'id="refused-count" data-requests="0"' in own and "fill reserve" not in own
+        assert rows(mine.get("/requests").text, "refusals") == [["No refused requests."]]

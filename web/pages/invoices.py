@@ -15,20 +15,19 @@ from datetime import date
 from fastapi import APIRouter, Request
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 
 from billing import invoices
 from billing.api.deps import MAX_ID, ServiceDep, SessionDep, SettingsDep
 from billing.csv_export import CSV_COLUMNS, UsageRow
 from billing.models import LedgerEntry
-from billing.render import InvoiceDocument, render_pdf
+from billing.render import InvoiceDocument, render_html, render_pdf
 from billing.service import BillingService
 from billing.settings import BillingSettings
 from billing.stripe_sync import client_from_settings
 from billing.usage_queries import to_row
-from kvgate.usage import CATEGORY_LABELS
 from web.deps import PageNotFound, TenantViewerDep, Viewer
-from web.rendering import SECURITY_HEADERS, page
+from web.rendering import DOCUMENT_HEADERS, SECURITY_HEADERS, page
 
 router = APIRouter()
 CSV_PAGE = 1000
@@ -81,10 +80,20 @@ async def invoice_page(
         viewer=viewer,
         active="invoices",
         doc=document,
+        view=view,
         invoice=view.invoice,
         stripe=stripe,
-        labels=CATEGORY_LABELS,
     )
+
+
+@router.get("/invoices/{invoice_id:int}/document")
+async def invoice_document_page(
+    request: Request, invoice_id: int, viewer: TenantViewerDep, session: SessionDep, settings: SettingsDep
+) -> Response:
+    """The invoice exactly as its PDF prints it; the invoice page frames it (one layout)."""
+    view = await own_invoice(session, viewer, invoice_id)
+    document = await _document(session, view, settings)
+    return HTMLResponse(render_html(document), headers=DOCUMENT_HEADERS)
 
 
 @router.get("/invoices/{invoice_id:int}.pdf")

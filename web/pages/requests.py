@@ -1,4 +1,5 @@
-"""/requests: the tenant's ledger, newest first, a page at a time, with a search by request id."""
+"""/requests: the tenant's ledger, newest first, a page at a time, with a search by request id; and below it the
+latest refused requests (web/refusals.py), which never reach the ledger."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from billing.api.deps import MAX_ID, SessionDep
 from billing.models import LedgerEntry
 from kvgate.tenancy import ApiKey
 from web.deps import TenantViewerDep
+from web.refusals import reason_words, recent_refusals
 from web.rendering import page
 from web.usage_tables import CATEGORIES, LABELS
 
@@ -41,6 +43,7 @@ async def requests(
     entries = entries[:PAGE_SIZE]
     names = select(ApiKey.id, ApiKey.name).where(ApiKey.tenant_id == viewer.tenant_id)
     keys = dict((await session.execute(names)).all())
+    refused = await recent_refusals(session, tenant_id=viewer.tenant_id or "", request_id=search)
     return page(
         request,
         "requests.html",
@@ -53,4 +56,6 @@ async def requests(
         paged=before is not None,
         categories=CATEGORIES,
         labels=LABELS,
+        refused=refused,
+        reason_words=reason_words,
     )

@@ -1,5 +1,6 @@
 """A tenant's own invoices, for its API keys with the "invoices:read" scope: GET /v1/organization/invoices,
-/v1/organization/invoices/{id} (with lines and credit notes) and /v1/organization/invoices/{id}/pdf.
+/v1/organization/invoices/{id} (with lines and credit notes), /v1/organization/invoices/{id}/pdf and
+/v1/organization/credit-notes/{id}/pdf.
 
 Every query is scoped to the calling key's tenant: another tenant's invoice id is a 404, as an unknown one is.
 """
@@ -13,9 +14,10 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.responses import Response
 
-from billing import invoices, operations
-from billing.api.deps import InvoiceId, SessionDep, SettingsDep
+from billing import credit_notes, invoices, operations
+from billing.api.deps import CreditNoteId, InvoiceId, SessionDep, SettingsDep
 from billing.api.tenant.deps import CallerDep
+from billing.credit_note_documents import render_credit_note_pdf
 from billing.invoice_schemas import InvoiceOut
 from billing.render import render_pdf
 
@@ -65,3 +67,18 @@ async def get_invoice_pdf(
     name = document.number or f"draft-{invoice_id}"
     headers = {"content-disposition": f'inline; filename="{name}.pdf"'}
     return Response(render_pdf(document), media_type="application/pdf", headers=headers)
+
+
+@router.get("/credit-notes/{credit_note_id}/pdf", response_class=Response)
+async def get_credit_note_pdf(
+    credit_note_id: CreditNoteId, caller: CallerDep, session: SessionDep, settings: SettingsDep
+) -> Response:
+    note = await credit_notes.get_credit_note(session=session, credit_note_id=credit_note_id)
+    invoice = await invoices.get_invoice(session=session, invoice_id=note.invoice_id)
+    if invoice.tenant_id != caller.tenant_id:  # another tenant's note is a 404 worded as an unknown one
+        raise credit_notes.CreditNoteNotFoundError(f"credit note {credit_note_id} not found")
+    document = await operations.credit_note_document(
+        session=session, credit_note_id=credit_note_id, seller=settings.seller_name, settings=settings
+    )
+    headers = {"content-disposition": f'inline; filename="{document.number}.pdf"'}
+    return Response(render_credit_note_pdf(document), media_type="application/pdf", headers=headers)
