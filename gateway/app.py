@@ -30,6 +30,7 @@ from gateway.backends.base import EngineClient
 from gateway.backends.factory import engine_client
 from gateway.batches.runner import BatchRunner
 from gateway.billing_hooks import BillingHooks, NoBilling
+from gateway.cache_fingerprint_store import FingerprintStore
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -195,6 +196,11 @@ def create_app(
             prep=prep,
             workers=workers,
             auth_invalidation=invalidation,
+            fingerprints=FingerprintStore(
+                ttl_s=settings.cache_diagnostics_ttl_s,
+                per_tenant=settings.cache_diagnostics_per_tenant,
+                redis_url=settings.redis_url,
+            ),
         )
         journal_dir = settings.inflight_journal_dir or default_journal_dir(settings.database_url)
         await recover_after_crash(
@@ -235,6 +241,7 @@ def create_app(
             if own_recorder is not None:
                 closers.append(("usage_recorder", own_recorder.aclose))
             closers.append(("auth_invalidation", invalidation.aclose))
+            closers.append(("cache_fingerprints", gw.fingerprints.aclose))
             if isinstance(rate_limiter, RedisRateLimiter):
                 closers.append(("rate_limiter", rate_limiter.close))
             closers.append(("database", db.dispose))

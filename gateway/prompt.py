@@ -186,6 +186,15 @@ class PromptRenderer:
         breakpoints = [Breakpoint(token_end=bisect_right(ends, c), ttl_s=ttl) for c, ttl in char_ends]
         return RenderedPrompt(text=plain, token_ids=ids, breakpoints=breakpoints)
 
+    def marker_offsets(self, marked: Chat, *, opening: str, plain: str) -> dict[int, int]:
+        """Where the markers (`<opening><i>>>`) a caller put into `marked`, a copy of the chat that renders
+        to `plain`, stand in `plain`, in tokens (those wholly before the marker); clipped to where the
+        renders part if the template changed the text (gateway.prompt_sections)."""
+        stripped, positions = _strip_markers(self._render_text(marked, marker=None), opening)
+        safe = len(plain) if stripped == plain else _common_prefix_len(stripped, plain)
+        ends = _running_max_ends(self._encode(plain, offsets=True)[1])
+        return {i: bisect_right(ends, min(c, safe)) for i, c in positions.items()}
+
     def _check_length(self, text: str) -> None:
         limit = self.bounds.max_chars
         if limit is not None and len(text) > limit and self._max_prompt_tokens is not None:

@@ -30,6 +30,15 @@ class GatewaySettings(KvgateSettings):
     min_cacheable_tokens: int = Field(
         1024, ge=0, description="A cache breakpoint ending before this many prompt tokens has no effect."
     )
+    cache_diagnostics_ttl_s: float = Field(
+        3600.0,
+        gt=0,
+        description="How long a response's prompt fingerprint (hashes only) is kept for cache diagnostics "
+        "(Anthropic's `diagnostics.previous_message_id`, OpenAI's `prompt_cache_options.comparison_response_id`).",
+    )
+    cache_diagnostics_per_tenant: int = Field(
+        10_000, ge=1, description="Fingerprints kept per tenant (least recently used out first)."
+    )
     default_requests_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     default_input_tokens_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     auth_cache_ttl_s: float = Field(

@@ -14,6 +14,7 @@ from gateway.auth_cache import PrincipalCache
 from gateway.auth_invalidation import AuthInvalidation, Eviction
 from gateway.backends.base import EngineClient
 from gateway.billing_hooks import BillingHooks
+from gateway.cache_fingerprint_store import FingerprintStore
 from gateway.inflight import InflightJournal
 from gateway.metrics import GatewayMetrics
 from gateway.prompt import PromptRenderer
@@ -50,6 +51,8 @@ class Gateway:
     # Admitted requests not yet recorded, on disk (None when KVGATE_INFLIGHT_JOURNAL is off).
     journal: InflightJournal | None = None
     background: set[asyncio.Task[Any]] = field(default_factory=set)
+    # Prompt fingerprints for cache diagnostics (gateway/cache_fingerprint_store.py); set by the lifespan.
+    fingerprints: FingerprintStore = field(default_factory=FingerprintStore)
     # Shares auth-cache evictions with the other gateways (KVGATE_REDIS_URL); None: this process only.
     auth_invalidation: AuthInvalidation | None = None
     # Runs stored batches' items (gateway/batches/runner.py BatchRunner); set by the lifespan.

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Discriminator, Field, Tag
 
 from gateway.prompt import BLOCK_SEPARATOR, Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
+from gateway.protocols.cache_diagnostics import Diagnostics, DiagnosticsParam
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, TopK, type_tag
 from gateway.tools.choice import AUTO, ToolChoice
 from gateway.tools.history import check_pairing
@@ -125,7 +126,7 @@ class MessagesRequest(CountTokensRequest):
     metadata: Metadata | None = None
     service_tier: Literal["auto", "standard_only"] | None = None
     inference_geo: str | None = None
-    diagnostics: dict[str, Any] | None = None
+    diagnostics: DiagnosticsParam | None = None  # cache diagnostics (gateway.protocols.cache_diagnostics)
     container: Any = None
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
@@ -332,6 +333,7 @@ class MessageResponse(BaseModel):
     stop_reason: StopReason | None
     stop_sequence: str | None
     usage: AnthropicUsage
+    diagnostics: Diagnostics | None = None
 
 
 class CountTokensResponse(BaseModel):

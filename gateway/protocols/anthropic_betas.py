@@ -25,7 +25,9 @@ ACCEPTED_BETAS = frozenset(
         "structured-outputs-2025-11-13",
         "fine-grained-tool-streaming-2025-05-14",
         "token-efficient-tools-2025-02-19",
-        "cache-diagnosis-2026-04-07",  # the request's `diagnostics` is accepted (and answered with none)
+        # Cache diagnostics (`diagnostics`, gateway.protocols.cache_diagnostics): answered with or without
+        # the header, as Anthropic does now that the feature is generally available.
+        "cache-diagnosis-2026-04-07",
     }
 )
 

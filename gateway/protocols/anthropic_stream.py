@@ -17,6 +17,7 @@ from gateway.protocols.anthropic import (
     stop_reason,
 )
 from gateway.protocols.anthropic_blocks import PING, BlockStream, content_of
+from gateway.protocols.cache_diagnostics import Diagnostics
 from gateway.protocols.common import cost_number
 from gateway.sse import event, keepalive_until_first
 from gateway.tools.parse import ToolParsing
@@ -57,9 +58,15 @@ def message_of(finished: Finished, *, request_id: str, model: str, tools: ToolPa
 
 
 async def message_events(
-    gen: Generation, *, request_id: str, model: str, tools: ToolParsing | None = None
+    gen: Generation,
+    *,
+    request_id: str,
+    model: str,
+    tools: ToolParsing | None = None,
+    diagnostics: Diagnostics | None = None,
 ) -> AsyncGenerator[bytes, None]:
-    """ping (at once, then every few seconds until the first token), message_start,
+    """ping (at once, then every few seconds until the first token), message_start (with the cache
+    diagnostics, as at Anthropic),
     content_block_start, ping, content_block_delta..., content_block_stop (no block for an
     empty reply), message_delta, message_stop; or an error event if the engine fails mid-stream.
     Blocks open as the output shows what they are (gateway.protocols.anthropic_blocks)."""
@@ -92,6 +99,7 @@ async def message_events(
                     "stop_reason": None,
                     "stop_sequence": None,
                     "usage": start_usage,
+                    "diagnostics": diagnostics.model_dump(mode="json") if diagnostics else None,
                 },
             },
         )

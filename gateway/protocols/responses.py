@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from gateway.prompt import Chat, ChatMessage, ChatPart, TextPart, ToolCallPart, ToolDef, ToolResultPart
+from gateway.protocols.cache_diagnostics import ResponsesPromptCacheOptions, echoed_options
 from gateway.protocols.common import MaxOutputTokens, OtherType, Strict, refuse
-from gateway.protocols.openai_caching import PromptCacheOptions
 from gateway.protocols.responses_tools import shown_choice, shown_tools, tool_choice
 from gateway.tools.choice import ToolChoice
 
@@ -134,7 +134,7 @@ class ResponsesRequest(Strict):
     previous_response_id: str | None = Field(None, min_length=1, max_length=64)
     prompt_cache_key: str | None = None
     prompt_cache_retention: Literal["in_memory", "in-memory", "24h"] | None = None
-    prompt_cache_options: PromptCacheOptions | None = None
+    prompt_cache_options: ResponsesPromptCacheOptions | None = None
     cache_salt: str | None = Field(
         None, min_length=1, max_length=256, description="Partitions the cache further inside the tenant."
     )
@@ -210,6 +210,8 @@ class ResponseSettings:
     tool_choice: str | dict[str, str]
     parallel_tool_calls: bool
     max_tool_calls: int | None
+    prompt_cache_options: dict[str, Any] | None = None  # as applied (gateway.protocols.cache_diagnostics)
+    prompt_cache_diagnostics: dict[str, Any] | None = None  # set once the comparison is made
 
 
 def _text_config(request: ResponsesRequest) -> dict[str, object]:
@@ -241,6 +243,7 @@ def settings_of(request: ResponsesRequest, model: str) -> ResponseSettings:
         tool_choice=shown_choice(choice_of(request)),
         parallel_tool_calls=request.parallel_tool_calls is not False,
         max_tool_calls=request.max_tool_calls,
+        prompt_cache_options=echoed_options(request.prompt_cache_options),
     )
 
 

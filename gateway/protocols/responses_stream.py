@@ -78,7 +78,9 @@ class ResponseObject(BaseModel):
     output: list[OutputItem]
     parallel_tool_calls: bool = True
     previous_response_id: str | None = None
+    prompt_cache_diagnostics: dict[str, Any] | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
     prompt_cache_retention: str | None = None
     reasoning: dict[str, Any] = Field(default_factory=lambda: {"effort": None, "summary": None})
     safety_identifier: str | None = None
@@ -145,7 +147,9 @@ def _shell(settings: ResponseSettings, *, request_id: str, created_at: int, stat
         model=settings.model,
         output=[],
         previous_response_id=settings.previous_response_id,
+        prompt_cache_diagnostics=settings.prompt_cache_diagnostics,
         prompt_cache_key=settings.prompt_cache_key,
+        prompt_cache_options=settings.prompt_cache_options,
         prompt_cache_retention=settings.prompt_cache_retention,
         safety_identifier=settings.safety_identifier,
         store=settings.store,

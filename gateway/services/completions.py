@@ -19,6 +19,7 @@ from gateway.protocols import anthropic, openai
 from gateway.protocols.openai_caching import RETENTION_TTL_S, CachePlan
 from gateway.protocols.structured import anthropic_structured, openai_structured
 from gateway.request_body import decode_body
+from gateway.services.cache_diagnostics import FingerprintJob, fingerprint_job
 from gateway.tools.choice import forcing_grammar
 from gateway.tools.parse import ToolParsing, parsing_for
 from inference.types import SamplingParams, StructuredOutput
@@ -47,6 +48,7 @@ class PrepareContext:
 class PreparedMessage:
     prepared: Prepared
     stream: bool
+    fingerprint: FingerprintJob
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,10 @@ def count_message_tokens(ctx: PrepareContext, *, request: anthropic.CountTokensR
     return len(ctx.renderer.render(anthropic.to_chat(request)).token_ids)
 
 
-def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest) -> Prepared:
+def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest, chat: Chat | None = None) -> Prepared:
+    """`chat`: the request's, when the caller has made it already."""
     model = check_model(ctx, model=request.model)
-    chat = anthropic.to_chat(request)
+    chat = chat or anthropic.to_chat(request)
     prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(ctx.max_model_len, prompt_tokens=len(prompt.token_ids), requested=request.max_tokens),
@@ -152,7 +155,19 @@ def check_retention(gw: Gateway, *, model: str, retention: str | None) -> None:
 
 def message_job(ctx: PrepareContext, raw: bytes, content_type: str | None) -> PreparedMessage:
     request = decode_body(raw, content_type=content_type, model=anthropic.MessagesRequest)
-    return PreparedMessage(prepare_message(ctx, request=request), stream=request.stream)
+    check_model(ctx, model=request.model)  # an unknown model is named before anything in the body
+    chat = anthropic.to_chat(request)
+    prepared = prepare_message(ctx, request=request, chat=chat)
+    compare_to = request.diagnostics.previous_message_id if request.diagnostics else None
+    fingerprint = fingerprint_job(
+        ctx.renderer,
+        chat,
+        prepared.prompt,
+        model=prepared.model,
+        client_salt=request.cache_salt,
+        compare_to=compare_to,
+    )
+    return PreparedMessage(prepared, stream=request.stream, fingerprint=fingerprint)
 
 
 def count_tokens_job(ctx: PrepareContext, raw: bytes, content_type: str | None) -> int:

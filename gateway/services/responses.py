@@ -13,12 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from gateway.generation import Prepared, output_budget
+from gateway.prompt import Chat
 from gateway.protocols import responses
 from gateway.protocols.openai_caching import CachePlan
 from gateway.protocols.responses import CanonicalItem, ResponseSettings, ResponsesRequest
 from gateway.protocols.responses_tools import check_calls, tool_defs
 from gateway.protocols.structured import json_schema_output, openai_structured
 from gateway.request_body import decode_body
+from gateway.services.cache_diagnostics import FingerprintJob, fingerprint_job
 from gateway.services.completions import PrepareContext, check_model, sampling_params, with_tools
 from inference.types import StructuredOutput
 
@@ -30,6 +32,7 @@ class PreparedResponse:
     context: tuple[CanonicalItem, ...]  # the whole conversation rendered: history + input_items
     prepared: Prepared | None  # None until the history of previous_response_id is in
     stream: bool
+    fingerprint: FingerprintJob | None = None  # with prepared
 
 
 def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
@@ -41,11 +44,18 @@ def structured_output(request: ResponsesRequest) -> StructuredOutput | None:
     return json_schema_output(fmt.schema_, strict=bool(fmt.strict), param="text.format")
 
 
-def prepare_response(ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem]) -> Prepared:
+def response_chat(request: ResponsesRequest, context: list[CanonicalItem]) -> Chat:
+    check_calls(context)
+    return responses.to_chat(request.instructions, context, tool_defs(request.tools), responses.choice_of(request))
+
+
+def prepare_response(
+    ctx: PrepareContext, *, request: ResponsesRequest, context: list[CanonicalItem], chat: Chat | None = None
+) -> Prepared:
+    """`chat`: response_chat's, when the caller has made it already."""
     model = check_model(ctx, model=request.model)
     plan = CachePlan(options=request.prompt_cache_options, retention=request.prompt_cache_retention)
-    check_calls(context)
-    chat = responses.to_chat(request.instructions, context, tool_defs(request.tools), responses.choice_of(request))
+    chat = chat or response_chat(request, context)
     prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(
@@ -86,13 +96,26 @@ def responses_job(
     items = responses.canonical_input(request)
     waiting = request.previous_response_id is not None and history is None
     context = [*(history or ()), *items]
-    prepared = None if waiting else prepare_response(ctx, request=request, context=context)
+    prepared = fingerprint = None
+    if not waiting:
+        chat = response_chat(request, context)
+        prepared = prepare_response(ctx, request=request, context=context, chat=chat)
+        options = request.prompt_cache_options
+        fingerprint = fingerprint_job(
+            ctx.renderer,
+            chat,
+            prepared.prompt,
+            model=model,
+            client_salt=request.cache_salt,
+            compare_to=options.comparison_response_id if options else None,
+        )
     return PreparedResponse(
         settings=responses.settings_of(request, model),
         input_items=tuple(items),
         context=tuple(context),
         prepared=prepared,
         stream=bool(request.stream),
+        fingerprint=fingerprint,
     )
 
 

@@ -11,9 +11,17 @@ from gateway.api.disconnect import CLIENT_CLOSED_REQUEST, ClientGone, unless_dis
 from gateway.api.responses import json_response
 from gateway.api.schema import json_body
 from gateway.generation import admit_rate, start_generation
-from gateway.protocols.anthropic import CountTokensRequest, CountTokensResponse, MessageResponse, MessagesRequest
+from gateway.protocols.anthropic import (
+    CountTokensRequest,
+    CountTokensResponse,
+    MessageResponse,
+    MessagesRequest,
+    message_id,
+)
 from gateway.protocols.anthropic_betas import HEADER, check_betas
 from gateway.protocols.anthropic_stream import message_events, message_of
+from gateway.protocols.cache_diagnostics import anthropic_diagnostics
+from gateway.services.cache_diagnostics import diagnose
 from gateway.services.completions import count_tokens_job, message_job
 from gateway.sse import EventStreamResponse
 
@@ -31,15 +39,22 @@ async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> R
     rate = await admit_rate(gw, ctx=ctx)
     job = await prepare_body(gw, ctx=ctx, request=request, job=message_job)
     prepared = job.prepared
+    comparison = await diagnose(
+        gw, tenant_id=ctx.principal.tenant_id, response_id=message_id(ctx.request_id), job=job.fingerprint
+    )
+    diagnostics = anthropic_diagnostics(comparison)
     gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared, rate=rate)
     if job.stream:
-        events = message_events(gen, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools)
+        events = message_events(
+            gen, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools, diagnostics=diagnostics
+        )
         return EventStreamResponse(events, headers=gen.rate_limit_headers)
     try:
         finished, headers = await unless_disconnected(gen.complete_or_raise(), request.receive)
     except ClientGone:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     message = message_of(finished, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools)
+    message.diagnostics = diagnostics
     return json_response(message, headers=headers)
 
 

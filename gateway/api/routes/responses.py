@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from typing import Literal
 
@@ -19,15 +20,18 @@ from gateway.api.responses import json_response
 from gateway.api.schema import json_body
 from gateway.generation import RequestContext, admit_rate, start_generation
 from gateway.logs import log_failure
+from gateway.protocols.cache_diagnostics import openai_diagnostics
 from gateway.protocols.responses import InputTokensRequest, ResponsesRequest, listed_items
 from gateway.protocols.responses_stream import (
     DeletedResponse,
     InputTokenCount,
     ResponseObject,
     response_events,
+    response_id,
     response_of,
 )
 from gateway.responses_store import NewResponse, conversation_after, input_items, remove, response_json, save
+from gateway.services.cache_diagnostics import diagnose
 from gateway.services.completions import check_retention
 from gateway.services.responses import PreparedResponse, input_tokens_job, responses_job
 from gateway.sse import EventStreamResponse
@@ -90,6 +94,12 @@ async def create_response(request: Request, gw: GatewayDep, ctx: ContextDep) -> 
     prepared = job.prepared
     assert prepared is not None  # _prepare renders once the history is in
     check_retention(gw, model=prepared.model, retention=job.settings.prompt_cache_retention)
+    assert job.fingerprint is not None  # made with prepared
+    comparison = await diagnose(
+        gw, tenant_id=ctx.principal.tenant_id, response_id=response_id(ctx.request_id), job=job.fingerprint
+    )
+    if comparison is not None:
+        job = replace(job, settings=replace(job.settings, prompt_cache_diagnostics=openai_diagnostics(comparison)))
     created_at = int(time.time())
     gen = await start_generation(gw, ctx=ctx, endpoint="responses", prepared=prepared, rate=rate)
     persist = partial(_persist, gw, ctx, job)
