@@ -23,6 +23,7 @@ from billing.profiles import Address, BillingProfile, TaxId, TaxTreatment
 from billing.render import InvoiceDocument, render_pdf
 from billing.settings import BillingSettings
 from billing.tax import tax_lines
+from billing.vat_in_eur import EurTaxLine, VatInEur, eur_cents
 from kvgate import REPO_ROOT
 from kvgate.usage import Category
 
@@ -66,6 +67,16 @@ def sample() -> InvoiceDocument:
         po_number="PO-2026-031",
     )
     exact_total = sum(line.exact_amount_pico for line in lines)
+    taxes = tax_lines(subtotal_cents=subtotal, treatment=buyer.tax)
+    # An illustrative rate, not a published one: the operator loads real ones (billing/exchange_rates.py).
+    rate = Decimal("0.9234")
+    vat_eur = VatInEur(
+        "usd",
+        rate,
+        date(2026, 4, 3),
+        "example rate",
+        tuple(EurTaxLine(t.label, eur_cents(t.amount_cents, rate)) for t in taxes),
+    )
     return InvoiceDocument(
         invoice_id=42,
         number="KVG-000042",
@@ -82,7 +93,8 @@ def sample() -> InvoiceDocument:
         seller=settings.seller_name,
         seller_profile=settings.seller_profile(),
         buyer=buyer,
-        tax_lines=tax_lines(subtotal_cents=subtotal, treatment=buyer.tax),
+        tax_lines=taxes,
+        vat_eur=vat_eur,
         due_on=date(2026, 4, 18),
         payment_terms_days=settings.payment_terms_days,
         payment_instructions=settings.payment_instructions,

@@ -20,6 +20,7 @@ from decimal import ROUND_HALF_EVEN, Decimal
 from billing.models import CreditNote
 from billing.render import InvoiceDocument, html_to_pdf, render_template
 from billing.tax import TaxLine
+from billing.vat_in_eur import eur_cents
 
 NO_TAX_LABEL = "No VAT"
 
@@ -64,6 +65,12 @@ class CreditNoteDocument:
     @property
     def gross_cents(self) -> int:
         return sum(s.gross_cents for s in self.shares)
+
+    @property
+    def vat_eur_cents(self) -> int | None:
+        """The credited VAT in EUR, at the rate the invoice stated its VAT in EUR at (None where it stated none)."""
+        fx = self.invoice.vat_eur
+        return None if fx is None else eur_cents(self.vat_cents, fx.eur_per_unit)
 
 
 def invoice_shares(invoice: InvoiceDocument) -> tuple[RateShare, ...]:

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from billing import invoices, operations
 from billing.settings import BillingSettings
+from billing.vat_in_eur import MissingExchangeRateError
 
 log = structlog.get_logger(__name__)
 
@@ -39,6 +40,9 @@ async def finalize_due(
                 await session.commit()
             except (invoices.InvoiceStateError, sa_exc.IntegrityError):
                 continue  # another process finalized it first
+            except MissingExchangeRateError as exc:  # stays a draft until the operator loads the rate
+                log.warning("billing.invoice_needs_exchange_rate", invoice_id=invoice_id, error=exc.message)
+                continue
         views.append(view)
         log.info("billing.invoice_finalized", invoice_id=invoice_id, number=view.invoice.number)
         await operations.auto_push(sessions=sessions, settings=settings, invoice_id=invoice_id)

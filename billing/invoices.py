@@ -25,6 +25,7 @@ from billing.periods import finalizable_at, month_bounds, month_start
 from billing.profiles import BillingProfile, TaxTreatment, get_profile
 from billing.render import InvoiceDocument
 from billing.tax import TaxLine, tax_lines
+from billing.vat_in_eur import VatInEur, vat_in_eur
 from kvgate.db import insert_ignore, utcnow
 from kvgate.errors import ConflictError, NotFoundError
 from kvgate.tenancy import Tenant
@@ -267,6 +268,10 @@ async def finalize_invoice(
             f"invoice {invoice_id} covers {invoice.period_start:%Y-%m}, which runs until {period_end.isoformat()}"
         )
     computation = await compute_for(session=session, tenant_id=invoice.tenant_id, month=invoice.period_start)
+    buyer = await get_profile(session=session, tenant_id=invoice.tenant_id)
+    taxes = tax_lines(subtotal_cents=computation.total_cents, treatment=buyer.tax)
+    # Before anything is written: refused (409) when an EUR rate it needs is not loaded.
+    eur = await vat_in_eur(session, seller=seller, currency=invoice.currency, taxes=taxes, issued=now.date())
     for line in computation.lines:
         session.add(
             InvoiceLineRow(
@@ -282,8 +287,6 @@ async def finalize_invoice(
                 batch=line.batch,
             )
         )
-    buyer = await get_profile(session=session, tenant_id=invoice.tenant_id)
-    taxes = tax_lines(subtotal_cents=computation.total_cents, treatment=buyer.tax)
     parties = {"buyer": json.loads(buyer.to_json()), "seller": json.loads(seller.to_json()) if seller else None}
     number = await next_number(session=session, name="invoice")
     await session.execute(
@@ -299,6 +302,7 @@ async def finalize_invoice(
             tax_cents=sum(t.amount_cents for t in taxes),
             due_on=now.date() + timedelta(days=payment_terms_days),
             parties_json=json.dumps(parties, sort_keys=True),
+            vat_eur_json=eur.to_json() if eur else None,
             finalized_at=now,
         )
     )
@@ -370,4 +374,5 @@ async def invoice_document(
         payment_instructions=payment_instructions,
         exact_total_pico=view.computation.exact_total_pico,
         exact_uncached_pico=view.computation.exact_uncached_pico,
+        vat_eur=VatInEur.from_json(invoice.vat_eur_json) if invoice.vat_eur_json else None,
     )

@@ -243,6 +243,21 @@ class Invoice(Base):
     due_on: Mapped[date | None] = mapped_column(Date)
     parties_json: Mapped[str | None] = mapped_column(Text)
     exact_uncached_pico: Mapped[int | None] = mapped_column(BigInteger)
+    # Set at finalization (migration 0012): the VAT in EUR, with the rate, its date and source (JSON;
+    # billing/vat_in_eur.py), for an EU seller's invoice with VAT in another currency. None otherwise.
+    vat_eur_json: Mapped[str | None] = mapped_column(Text)
+
+
+class ExchangeRate(Base):
+    """An operator-loaded rate into EUR (billing/exchange_rates.py, migration 0012): EUR per unit, on a date."""
+
+    __tablename__ = "exchange_rates"
+
+    currency: Mapped[str] = mapped_column(String(3), primary_key=True)  # ISO 4217, lower case
+    rate_date: Mapped[date] = mapped_column(Date, primary_key=True)
+    eur_per_unit: Mapped[str] = mapped_column(String(40))  # a Decimal, exact
+    source: Mapped[str] = mapped_column(String(200))
+    loaded_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
 
 
 class InvoiceLineRow(Base):

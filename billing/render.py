@@ -21,6 +21,7 @@ from billing.invoice_lines import CacheSavings, InvoiceLine
 from billing.money import PICO_PER_CENT, format_usd, format_usd_exact
 from billing.profiles import BillingProfile
 from billing.tax import TaxLine
+from billing.vat_in_eur import VatInEur
 from kvgate.usage import CATEGORY_LABELS
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -71,6 +72,7 @@ class InvoiceDocument(CacheSavings):
     payment_instructions: str = ""
     exact_total_pico: int | None = None
     exact_uncached_pico: int | None = None
+    vat_eur: VatInEur | None = None  # the VAT also in EUR, as fixed at finalization (billing/vat_in_eur.py)
 
     @property
     def title(self) -> str:

@@ -15,6 +15,7 @@ from billing.api import (
     budgets,
     credit_notes,
     credits,
+    exchange_rates,
     invoice_documents,
     invoices,
     prices,
@@ -26,7 +27,10 @@ from billing.api.tenant import invoices_router as tenant_invoices_router
 from billing.api.tenant import router as tenant_router
 
 admin_router = APIRouter(tags=["billing"])
-for module in (usage, prices, budgets, credits, billing_profiles, invoices, invoice_documents, credit_notes, spool):
+for module in (
+    *(usage, prices, budgets, credits, billing_profiles, invoices, invoice_documents, credit_notes),
+    *(exchange_rates, spool),
+):
     admin_router.include_router(module.router)
 
 public_router = APIRouter(tags=["billing"])

@@ -1,4 +1,4 @@
-"""`kvgate prices|usage|invoices|credit-notes|billing-profile|budgets|credits|spool`: billing on the database.
+"""`kvgate prices|usage|invoices|credit-notes|billing-profile|budgets|credits|exchange-rates|spool`: billing, on
 
 Like `kvgate tenants`, these need no running server. Commands that write migrate the database
 first (creating it if need be); commands that only read (list, show, summary, export, csv, pdf)
@@ -11,7 +11,17 @@ from __future__ import annotations
 
 import typer
 
-from billing.cli import billing_profiles, budgets, credit_notes, credits, invoices, prices, spool, usage
+from billing.cli import (
+    billing_profiles,
+    budgets,
+    credit_notes,
+    credits,
+    exchange_rates,
+    invoices,
+    prices,
+    spool,
+    usage,
+)
 from billing.stripe_sync import StripeSyncError
 from kvgate.cli_errors import add_user_errors
 
@@ -19,5 +29,5 @@ from kvgate.cli_errors import add_user_errors
 def register(app: typer.Typer) -> None:
     # Stripe refusing a push is the data's state, not a bug: one line, exit 1.
     add_user_errors(StripeSyncError)
-    for module in (prices, usage, invoices, credit_notes, billing_profiles, budgets, credits, spool):
+    for module in (prices, usage, invoices, credit_notes, billing_profiles, budgets, credits, exchange_rates, spool):
         module.register(app)

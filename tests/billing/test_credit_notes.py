@@ -58,6 +58,8 @@ async def test_the_issued_pdf_is_byte_stable_across_a_credit_note_which_prints_o
     assert f"Corrects invoice {view.invoice.number} of 2026-04-05" in one
     assert "VAT 19% $0.42 $0.08 $0.50" in one
     assert "Net -$0.42" in one and "VAT -$0.08" in one and "Total credited -$0.50" in one
+    # The invoice stated its VAT in EUR too (tests/billing/test_render.py): so does the note, at its rate.
+    assert credit.vat_eur_cents == 7 and "VAT in EUR: -EUR 0.07, at the invoice's rate of 1 USD = 0.9234 EUR" in one
     assert "Reason: outage" in one and "kvgate GmbH" in one and "VAT ID: BE0123456789" in one
     assert pages == 1 and "Amount due" not in one
     # The invoice itself carries no trace of the note, while the note names the invoice.
@@ -77,6 +79,7 @@ async def test_a_tax_free_invoices_note_credits_net_only(sessions, pricebook):
     assert [(s.label, s.net_cents, s.vat_cents) for s in credit.shares] == [(NO_TAX_LABEL, 7, 0)]
     one = flat(pdf_text(render_credit_note_pdf(credit))[0])
     assert "Reverse charge" in one and "Total credited -$0.07" in one
+    assert credit.vat_eur_cents is None and "VAT in EUR" not in one  # no VAT: none to state in EUR
 
 
 VAT_19 = (RateShare("VAT 19%", Decimal(19), 1000, 190),)

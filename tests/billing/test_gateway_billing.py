@@ -258,7 +258,11 @@ async def test_exhausted_budget_is_refused_before_the_engine_runs(server, sessio
     for error, endpoint in ((refused.value, "messages"), (quota.value, "chat.completions")):
         record = server.usage_record(error.request_id or "")
         assert record is not None and record["status"] == "refused", endpoint
-        assert (record["endpoint"], record["model"], record["refusal_reason"]) == (endpoint, server.model, "tenant_month")
+        assert (record["endpoint"], record["model"], record["refusal_reason"]) == (
+            endpoint,
+            server.model,
+            "tenant_month",
+        )
         assert record["refusal_reserve_pico"] > 10**6 and record["input_tokens"] == 0
     # Positive control: with room in the budget the same request runs and is charged.
     async with sessions() as session:

@@ -12,15 +12,18 @@ import pytest
 from pypdf import PdfReader
 
 from billing.credit_notes import issue_credit_note
+from billing.exchange_rates import set_rate
 from billing.invoices import finalize_invoice, invoice_document, list_invoices, view_invoice
 from billing.profiles import Address, BillingProfile, TaxId, TaxTreatment, set_profile
 from billing.render import render_html, render_pdf, unit_price_text
 from billing.settings import BillingSettings
 from billing.settlement import settle_charge
+from billing.vat_in_eur import MissingExchangeRateError
 from tests.billing.conftest import make_tenant
 from tests.billing.test_invoices import generated_month
 
 APRIL_5 = datetime(2026, 4, 5, tzinfo=UTC)
+RATE_DAY, EUR_PER_USD, ECB = date(2026, 4, 2), Decimal("0.9234"), "ECB euro reference rate"
 SELLER = BillingSettings(
     seller_name="kvgate GmbH",
     seller_email="billing@kvgate.test",
@@ -74,6 +77,8 @@ async def issued(sessions, pricebook, treatment: str, *, credit_cents: int = 0):
         draft = await invoice_document(
             session=session, view=await view_invoice(session=session, invoice_id=invoice.id), seller="kvgate"
         )
+        # A German seller's VAT in USD is stated in EUR too, at the operator's rate (billing/vat_in_eur.py).
+        await set_rate(session, currency="usd", on=RATE_DAY, eur_per_unit=EUR_PER_USD, source=ECB)
         view = await finalize_invoice(
             session=session,
             invoice_id=invoice.id,
@@ -138,6 +143,9 @@ async def test_a_finalized_19_percent_invoice_prints_every_field(sessions, price
     assert f"Subtotal {usd(subtotal)}" in one
     assert f"VAT 19% on {usd(subtotal)} {usd(tax)}" in one
     assert f"Total {usd(subtotal + tax)}" in one
+    eur = int((Decimal(tax) * EUR_PER_USD).to_integral_value())  # half-even to the euro cent
+    assert f"VAT in EUR: VAT 19% EUR {eur // 100:,}.{eur % 100:02d}," in one
+    assert f"at 1 USD = 0.9234 EUR ({ECB}, 2026-04-02; Art. 230" in one
     # The credit note issued after finalization is a document of its own (tests/billing/test_credit_notes.py):
     # the issued invoice shows neither it nor an amount due that it changes.
     assert "-$0.05" not in one and "Credit note" not in one and "Amount due" not in one
@@ -157,6 +165,7 @@ async def test_reverse_charge_and_exempt_invoices_charge_no_tax_and_say_why(sess
     one = flat(pdf_text(render_pdf(doc))[0])
     assert note in one
     assert "Tax $0.00" in one and "VAT 19%" not in one
+    assert "VAT in EUR" not in one and doc.vat_eur is None  # no VAT charged: nothing to state in EUR
     assert f"Total {usd(view.subtotal_cents)}" in one and f"Please pay {usd(view.subtotal_cents)}" in one
 
 
@@ -198,3 +207,44 @@ def test_unit_prices_have_four_decimals():
         "0.1875",
     ]
     assert unit_price_text(Decimal("0.000125")) == "0.000125"  # finer than four decimals: every digit
+
+
+async def test_finalizing_vat_in_usd_needs_an_eur_rate_and_takes_the_latest_on_the_issue_date(sessions, pricebook):
+    """Refused (409, naming the rate to load, nothing written) until a rate dated on or before the issue date
+    is loaded; then the invoice states its VAT in EUR at that rate, and a later rate or correction never
+    changes it."""
+    tenant, (key,) = await make_tenant(sessions)
+    april_1 = datetime(2026, 4, 1, 12, tzinfo=UTC)  # earlier than any rate the other tests load
+    profile = BillingProfile(legal_name="Käufer GmbH", address=BUYER_ADDRESS, tax=TREATMENTS["standard"])
+    async with sessions() as session:
+        await set_profile(session=session, tenant_id=tenant, profile=profile)
+        for charge in generated_month(tenant, key, seed=6)[:20]:
+            if charge.model == "m-test":
+                version = pricebook.price_for(charge.model, charge.started_at)
+                await settle_charge(session=session, charge=charge, version=version, source="live", now=APRIL_5)
+        await session.commit()
+        (invoice,) = await list_invoices(session=session, tenant_id=tenant)
+        invoice_id = invoice.id  # the row expires at the rollback below
+
+        async def finalize() -> object:
+            return await finalize_invoice(
+                session=session, invoice_id=invoice_id, number_prefix="FX", now=april_1, seller=SELLER.seller_profile()
+            )
+
+        with pytest.raises(MissingExchangeRateError, match=r"kvgate exchange-rates set USD 2026-04-01") as refused:
+            await finalize()
+        assert refused.value.status == 409
+        await session.rollback()
+        assert (await view_invoice(session=session, invoice_id=invoice_id)).invoice.status == "draft"
+        await set_rate(session, currency="usd", on=date(2026, 3, 31), eur_per_unit=Decimal("0.9"), source="ECB")
+        await set_rate(session, currency="usd", on=date(2026, 4, 2), eur_per_unit=Decimal("2"), source="later")
+        await finalize()
+        await session.commit()
+        await set_rate(session, currency="usd", on=date(2026, 3, 31), eur_per_unit=Decimal("5"), source="corrected")
+        await session.commit()
+        view = await view_invoice(session=session, invoice_id=invoice_id)
+        doc = await invoice_document(session=session, view=view, seller=SELLER.seller_profile())
+    assert doc.vat_eur is not None and (doc.vat_eur.eur_per_unit, doc.vat_eur.source) == (Decimal("0.9"), "ECB")
+    tax = view.tax_cents
+    assert tax > 0 and doc.vat_eur.total_eur_cents == int((Decimal(tax) * Decimal("0.9")).to_integral_value())
+    assert f'data-eur-cents="{doc.vat_eur.total_eur_cents}"' in render_html(doc)
