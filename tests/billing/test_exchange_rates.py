@@ -1,6 +1,7 @@
 """The operator's EUR exchange rates (billing/exchange_rates.py) over the admin API and the CLI: loaded,
 corrected and listed; bad input a 400 (or a one-line CLI error) naming the field, next to the same call
-that is accepted."""
+that is accepted. The API tests load CHF and GBP: the billing tests' database is shared, and USD rates
+are what tests/billing/test_render.py finalizes against."""
 
 from __future__ import annotations
 
@@ -28,13 +29,13 @@ async def test_rates_are_loaded_corrected_and_listed(api):  # noqa: F811
     [
         ("/admin/v1/exchange-rates/EUR/2026-03-31", {}, "currency"),  # EUR into EUR is no conversion
         ("/admin/v1/exchange-rates/US/2026-03-31", {}, "currency"),
-        ("/admin/v1/exchange-rates/USD/2026-02-30", {}, "date"),
-        ("/admin/v1/exchange-rates/USD/2026-03-31", {"eur_per_unit": "-1"}, "eur_per_unit"),
-        ("/admin/v1/exchange-rates/USD/2026-03-31", {"eur_per_unit": "NaN"}, "eur_per_unit"),
-        ("/admin/v1/exchange-rates/USD/2026-03-31", {"eur_per_unit": "1e400"}, "eur_per_unit"),
-        ("/admin/v1/exchange-rates/USD/2026-03-31", {"eur_per_unit": "0.12345678901"}, "eur_per_unit"),
-        ("/admin/v1/exchange-rates/USD/2026-03-31", {"source": "ECB\x00"}, "source"),
-        ("/admin/v1/exchange-rates/USD/2026-03-31", {"source": " "}, "source"),
+        ("/admin/v1/exchange-rates/CHF/2026-02-30", {}, "date"),
+        ("/admin/v1/exchange-rates/CHF/2026-03-31", {"eur_per_unit": "-1"}, "eur_per_unit"),
+        ("/admin/v1/exchange-rates/CHF/2026-03-31", {"eur_per_unit": "NaN"}, "eur_per_unit"),
+        ("/admin/v1/exchange-rates/CHF/2026-03-31", {"eur_per_unit": "1e400"}, "eur_per_unit"),
+        ("/admin/v1/exchange-rates/CHF/2026-03-31", {"eur_per_unit": "0.12345678901"}, "eur_per_unit"),
+        ("/admin/v1/exchange-rates/CHF/2026-03-31", {"source": "ECB\x00"}, "source"),
+        ("/admin/v1/exchange-rates/CHF/2026-03-31", {"source": " "}, "source"),
     ],
 )
 async def test_bad_rates_are_a_400_naming_the_field(api, path, body, param):  # noqa: F811
@@ -42,7 +43,7 @@ async def test_bad_rates_are_a_400_naming_the_field(api, path, body, param):  # 
     r = await api.put(path, json={**good, **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error" and param in r.json()["error"]["message"]
-    fixed = path.replace("/EUR/", "/USD/").replace("/US/", "/USD/").replace("02-30", "02-28")
+    fixed = path.replace("/EUR/", "/CHF/").replace("/US/", "/CHF/").replace("02-30", "02-28")
     assert (await api.put(fixed, json=good)).status_code == 200  # the same call, mended, is accepted
 
 
