@@ -30,6 +30,7 @@ from gateway.backends.base import EngineClient
 from gateway.backends.factory import engine_client
 from gateway.batches.runner import BatchRunner
 from gateway.billing_hooks import BillingHooks, NoBilling
+from gateway.cache_block_index import CacheBlockIndex
 from gateway.cache_fingerprint_store import FingerprintStore
 from gateway.inflight import InflightJournal, default_journal_dir
 from gateway.metrics import GatewayMetrics
@@ -200,6 +201,10 @@ def create_app(
                 ttl_s=settings.cache_diagnostics_ttl_s,
                 per_tenant=settings.cache_diagnostics_per_tenant,
                 redis_url=settings.redis_url,
+            ),
+            cache_index=CacheBlockIndex(
+                blocks_per_tenant=settings.cache_explanation_blocks_per_tenant,
+                tenants=settings.cache_explanation_tenants,
             ),
         )
         journal_dir = settings.inflight_journal_dir or default_journal_dir(settings.database_url)

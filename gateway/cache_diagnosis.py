@@ -71,3 +71,28 @@ def compare(earlier: Fingerprint, current: Fingerprint, starts: SectionStarts) -
     if changed_message is not None:
         return _divergence(earlier, "messages", starts.message(changed_message))
     return None
+
+
+def first_changed_section(earlier: Fingerprint, current: Fingerprint) -> tuple[Section, int | None] | None:
+    """The first section (and its index, for tools and messages) where `current` differs from `earlier`.
+
+    None when `current` begins with all of `earlier`. A prompt that only appended messages changes
+    first at the message after the earlier's last one.
+    """
+    if earlier.model != current.model:
+        return "model", None
+    changed_tool = _first_difference(earlier.tools, current.tools)
+    if changed_tool is None and len(current.tools) != len(earlier.tools):
+        changed_tool = min(len(earlier.tools), len(current.tools))
+    if changed_tool is not None:
+        return "tools", changed_tool
+    if earlier.system != current.system:
+        return "system", None
+    if earlier.partition != current.partition:
+        return "partition", None
+    changed_message = _first_difference(earlier.messages, current.messages)
+    if changed_message is not None:
+        return "messages", changed_message
+    if len(current.messages) > len(earlier.messages):
+        return "messages", len(earlier.messages)
+    return None

@@ -44,6 +44,9 @@ class PromptDigests:
     system: bytes
     messages: tuple[bytes, ...]  # chained, the messages after the system section
     prompt_tokens: int
+    # Each tool alone, as rendered and with its keys sorted: layout findings (gateway.cache_layout).
+    tool_items: tuple[bytes, ...] = ()
+    tool_shapes: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,8 @@ class Fingerprint:
     system: bytes
     messages: tuple[bytes, ...]
     prompt_tokens: int
+    tool_items: tuple[bytes, ...] = ()
+    tool_shapes: tuple[bytes, ...] = ()
 
     def as_json(self) -> str:
         return json.dumps(
@@ -66,6 +71,8 @@ class Fingerprint:
                 "system": self.system.hex(),
                 "messages": [m.hex() for m in self.messages],
                 "prompt_tokens": self.prompt_tokens,
+                "tool_items": [t.hex() for t in self.tool_items],
+                "tool_shapes": [t.hex() for t in self.tool_shapes],
             },
             separators=(",", ":"),
         )
@@ -80,12 +87,14 @@ class Fingerprint:
             system=bytes.fromhex(data["system"]),
             messages=tuple(bytes.fromhex(m) for m in data["messages"]),
             prompt_tokens=int(data["prompt_tokens"]),
+            tool_items=tuple(bytes.fromhex(t) for t in data.get("tool_items", ())),
+            tool_shapes=tuple(bytes.fromhex(t) for t in data.get("tool_shapes", ())),
         )
 
 
-def _digest(value: object) -> bytes:
+def _digest(value: object, *, sort_keys: bool = False) -> bytes:
     # JSON keeps the pieces apart unambiguously (no separator a text could contain).
-    return hashlib.sha256(json.dumps(value, ensure_ascii=False).encode()).digest()
+    return hashlib.sha256(json.dumps(value, ensure_ascii=False, sort_keys=sort_keys).encode()).digest()
 
 
 def _chained(digests: Iterable[bytes]) -> tuple[bytes, ...]:
@@ -121,13 +130,16 @@ def system_count(chat: Chat) -> int:
 
 def digests_of(chat: Chat, *, model: str, client_salt: str | None, prompt_tokens: int) -> PromptDigests:
     head = system_count(chat)
+    items = tuple(_digest(t.definition) for t in chat.tools)
     return PromptDigests(
         model=_digest(model),
         partition=_digest(client_salt),
-        tools=_chained(_digest(t.definition) for t in chat.tools),
+        tools=_chained(items),
         system=_digest([_message(m) for m in chat.messages[:head]]),
         messages=_chained(_digest(_message(m)) for m in chat.messages[head:]),
         prompt_tokens=prompt_tokens,
+        tool_items=items,
+        tool_shapes=tuple(_digest(t.definition, sort_keys=True) for t in chat.tools),
     )
 
 
@@ -150,4 +162,6 @@ def seal(digests: PromptDigests, key: bytes) -> Fingerprint:
         system=one(digests.system),
         messages=many(digests.messages),
         prompt_tokens=digests.prompt_tokens,
+        tool_items=many(digests.tool_items),
+        tool_shapes=many(digests.tool_shapes),
     )

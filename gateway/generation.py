@@ -9,7 +9,7 @@ settlement, exactly once per request, even when the client went away mid-stream.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,10 +20,12 @@ import structlog
 
 from gateway.backends.base import EMBEDDED, Handle, Placement
 from gateway.billing_hooks import Admission
-from gateway.inflight import InflightEntry, JournalError
+from gateway.cache_fingerprints import Fingerprint
+from gateway.cache_probe import CacheProbe, probe_prompt
 from gateway.logs import log_failure
 from gateway.prompt import RenderedPrompt
 from gateway.ratelimit import Decision, Limits
+from gateway.request_journal import OVERLOADED_RETRY_S, journal_begin, journal_end
 from gateway.security import tenant_salt
 from gateway.services.keys import Principal
 from gateway.state import Gateway
@@ -53,7 +55,6 @@ from kvgate.usage import Endpoint, TokenCounts, UsageEvent, UsageStatus
 
 log = structlog.get_logger("kvgate.gateway")
 
-OVERLOADED_RETRY_S = 1.0
 # A dead engine does not come back by itself (a supervisor restarts the process): retry later.
 UNAVAILABLE_RETRY_S = 10.0
 
@@ -111,6 +112,7 @@ class Finished:
     counts: TokenCounts
     status: UsageStatus
     cost_usd: Decimal | None
+    cache_explanation: dict[str, Any] | None = None  # gateway.cache_explanation
 
 
 def output_budget(max_model_len: int, *, prompt_tokens: int, requested: int | None) -> int:
@@ -136,6 +138,7 @@ class Generation:
         reserved_input: int,
         decision: Decision | None,
         submitted_at: float,
+        probe: CacheProbe | None = None,
     ) -> None:
         self.gw = gw
         self.ctx = ctx
@@ -147,11 +150,14 @@ class Generation:
         self.reserved_input = reserved_input
         self.decision = decision
         self.submitted_at = submitted_at
+        self.probe = probe
         self._bookkeeping_task: asyncio.Task[Finished] | None = None
 
     @property
     def rate_limit_headers(self) -> dict[str, str]:
-        return self.decision.headers() if self.decision else {}
+        """The headers every response of the request carries: rate limits, and the cache layout findings."""
+        headers = self.decision.headers() if self.decision else {}
+        return {**headers, **self.probe.headers} if self.probe is not None else headers
 
     def early_counts(self) -> TokenCounts:
         """The prompt-side counts as soon as prefill is done (for a stream's first event)."""
@@ -205,6 +211,7 @@ class Generation:
             ttft_ms = round((self.submitted_at - self.ctx.t0 + output.ttft_s) * 1000)
         # A remote backend's handle says where it ran (None if no engine took it); the embedded one's has none.
         placement: Placement | None = getattr(self.handle, "placement", EMBEDDED)
+        explained = self.probe.finish(output.usage, ran=status == "ok") if self.probe is not None else None
         event = UsageEvent(
             request_id=self.ctx.request_id,
             tenant_id=self.ctx.principal.tenant_id,
@@ -219,6 +226,8 @@ class Generation:
             backend=placement.backend if placement else None,
             engine_id=placement.engine_id if placement else None,
             predicted_cached_tokens=placement.predicted_cached_tokens if placement else None,
+            cache_miss_reason=(explained.get("miss") or {}).get("reason") if explained else None,
+            cache_explanation=json.dumps(explained, separators=(",", ":")) if explained else None,
         )
         cost: Decimal | None = None
         try:
@@ -252,7 +261,7 @@ class Generation:
             output_tokens=counts.output,
             ttft_ms=ttft_ms,
         )
-        return Finished(output=output, counts=counts, status=status, cost_usd=cost)
+        return Finished(output=output, counts=counts, status=status, cost_usd=cost, cache_explanation=explained)
 
 
 @dataclass(frozen=True)
@@ -289,44 +298,14 @@ async def admit_rate(gw: Gateway, *, ctx: RequestContext, counts_input_tokens: b
     return RateAdmission(limits, decision)
 
 
-async def journal_begin(gw: Gateway, *, ctx: RequestContext, admission: Admission) -> None:
-    """Make the admitted request durable in the in-flight journal before the engine starts on it.
-
-    A journal that cannot write (disk full, I/O error) refuses the request with 529/503: a
-    request that a crash could lose from billing is not run.
-    """
-    if gw.journal is None:
-        return
-    entry = InflightEntry(
-        request_id=admission.request_id,
-        tenant_id=admission.tenant_id,
-        api_key_id=admission.api_key_id,
-        model=admission.model,
-        endpoint=admission.endpoint,
-        started_at=ctx.started_at,
-        prompt_tokens=admission.prompt_tokens,
-    )
-    try:
-        await gw.journal.begin(entry)
-    except BaseException as exc:
-        # Cancelled while the write was on its way, it may still land: close it again.
-        journal_end(gw, admission.request_id)
-        if isinstance(exc, JournalError):  # the journal logs the failure once, not per request
-            raise OverloadedError(
-                "the server cannot record requests durably right now", retry_after_s=OVERLOADED_RETRY_S
-            ) from exc
-        raise
-
-
-def journal_end(gw: Gateway, request_id: str) -> None:
-    """The request is recorded (or never ran): its journal entry is closed."""
-    if gw.journal is not None:
-        with contextlib.suppress(JournalError):
-            gw.journal.end(request_id)
-
-
 async def start_generation(
-    gw: Gateway, *, ctx: RequestContext, endpoint: Endpoint, prepared: Prepared, rate: RateAdmission
+    gw: Gateway,
+    *,
+    ctx: RequestContext,
+    endpoint: Endpoint,
+    prepared: Prepared,
+    rate: RateAdmission,
+    fingerprint: Fingerprint | None = None,
 ) -> Generation:
     """Reserve the prompt's input tokens, admit the request to billing and hand it to the engine."""
     model, prompt, sampling = prepared.model, prepared.prompt, prepared.sampling
@@ -365,11 +344,12 @@ async def start_generation(
         await refund()
         raise
     try:
-        await journal_begin(gw, ctx=ctx, admission=admission)
+        await journal_begin(gw, started_at=ctx.started_at, admission=admission)
     except BaseException:
         await refund()
         await gw.billing.release(admission)
         raise
+    probe = probe_prompt(gw, tenant_id=principal.tenant_id, prepared=prepared, fingerprint=fingerprint)
     cache = CacheSpec(salt=tenant_salt(gw.secret, principal.tenant_id, prepared.client_salt), regions=prepared.regions)
     submitted_at = time.perf_counter()
     try:
@@ -396,4 +376,5 @@ async def start_generation(
         reserved_input=reserved_input,
         decision=decision,
         submitted_at=submitted_at,
+        probe=probe,
     )

@@ -39,6 +39,15 @@ class GatewaySettings(KvgateSettings):
     cache_diagnostics_per_tenant: int = Field(
         10_000, ge=1, description="Fingerprints kept per tenant (least recently used out first)."
     )
+    cache_explanation_blocks_per_tenant: int = Field(
+        8192,
+        ge=1,
+        description="Prompt blocks (hashes, in this process's memory) kept per tenant to explain cache misses "
+        "(least recently used out first).",
+    )
+    cache_explanation_tenants: int = Field(
+        512, ge=1, description="Tenants whose prompt blocks are kept to explain cache misses (least recent out)."
+    )
     default_requests_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     default_input_tokens_per_minute: int | None = Field(None, gt=0, description="For keys without their own.")
     auth_cache_ttl_s: float = Field(

@@ -14,6 +14,7 @@ from gateway.auth_cache import PrincipalCache
 from gateway.auth_invalidation import AuthInvalidation, Eviction
 from gateway.backends.base import EngineClient
 from gateway.billing_hooks import BillingHooks
+from gateway.cache_block_index import CacheBlockIndex
 from gateway.cache_fingerprint_store import FingerprintStore
 from gateway.inflight import InflightJournal
 from gateway.metrics import GatewayMetrics
@@ -26,6 +27,7 @@ from gateway.usage import UsageRecorder
 from kvgate.db_health import DatabaseHealth
 
 if TYPE_CHECKING:
+    from gateway.cache_probe import EngineCacheFacts
     from gateway.request_workers import RequestWorkers
     from gateway.services.completions import PrepareContext
 
@@ -53,6 +55,9 @@ class Gateway:
     background: set[asyncio.Task[Any]] = field(default_factory=set)
     # Prompt fingerprints for cache diagnostics (gateway/cache_fingerprint_store.py); set by the lifespan.
     fingerprints: FingerprintStore = field(default_factory=FingerprintStore)
+    # Each tenant's recent prompt blocks, to explain cache misses (gateway/cache_block_index.py).
+    cache_index: CacheBlockIndex = field(default_factory=CacheBlockIndex)
+    cache_facts: EngineCacheFacts | None = None  # the engine's block size, clock and tiers, read once
     # Shares auth-cache evictions with the other gateways (KVGATE_REDIS_URL); None: this process only.
     auth_invalidation: AuthInvalidation | None = None
     # Runs stored batches' items (gateway/batches/runner.py BatchRunner); set by the lifespan.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, UniqueConstraint, false
+from sqlalchemy import BigInteger, Boolean, ForeignKey, Index, Integer, String, Text, UniqueConstraint, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from kvgate.db import Base, UTCDateTime, utcnow
@@ -108,6 +108,9 @@ class UsageRecord(Base):
     # did not fit it (pico-dollars; None for a rate limit). gateway/refusals.py writes these.
     refusal_reason: Mapped[str | None] = mapped_column(String(32))
     refusal_reserve_pico: Mapped[int | None] = mapped_column(BigInteger)
+    # Why the request read what it read (gateway/cache_explanation.py): the miss reason, and the whole as JSON.
+    cache_miss_reason: Mapped[str | None] = mapped_column(String(32))
+    cache_explanation: Mapped[str | None] = mapped_column(Text)
 
 
 class ServerState(Base):

@@ -151,6 +151,9 @@ class UsageEvent:
     # A refused request's limit (kvgate.errors.KvgateError.refusal) and the reserve that did not fit it.
     refusal_reason: str | None = None
     refusal_reserve_pico: int | None = None
+    # The cache explanation (gateway/cache_explanation.py): its miss reason, and the whole as JSON text.
+    cache_miss_reason: str | None = None
+    cache_explanation: str | None = None
 
     def as_row(self) -> dict[str, Any]:
         """The event as a usage_records row."""
@@ -171,6 +174,8 @@ class UsageEvent:
             "batch": self.batch,
             "refusal_reason": self.refusal_reason,
             "refusal_reserve_pico": self.refusal_reserve_pico,
+            "cache_miss_reason": self.cache_miss_reason,
+            "cache_explanation": self.cache_explanation,
         }
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gateway.cache_diagnosis import Comparison, compare
-from gateway.cache_fingerprints import PromptDigests, digests_of, seal, tenant_key
+from gateway.cache_fingerprints import Fingerprint, PromptDigests, digests_of, seal, tenant_key
 from gateway.prompt import Chat, PromptRenderer, RenderedPrompt
 from gateway.prompt_sections import SectionStarts, section_starts
 
@@ -45,9 +45,19 @@ def fingerprint_job(
     return FingerprintJob(digests, compare_to, starts)
 
 
-async def diagnose(gw: Gateway, *, tenant_id: str, response_id: str, job: FingerprintJob) -> Comparison | None:
-    """The comparison the request asked for (None: it asked for none); this request's fingerprint kept."""
-    current = seal(job.digests, tenant_key(gw.secret, tenant_id))
+@dataclass(frozen=True)
+class Diagnosis:
+    comparison: Comparison | None  # None: the request asked for none
+    fingerprint: Fingerprint  # this request's, sealed (for its cache explanation: gateway.cache_probe)
+
+
+def sealed(gw: Gateway, *, tenant_id: str, job: FingerprintJob) -> Fingerprint:
+    return seal(job.digests, tenant_key(gw.secret, tenant_id))
+
+
+async def diagnose(gw: Gateway, *, tenant_id: str, response_id: str, job: FingerprintJob) -> Diagnosis:
+    """The comparison the request asked for, and its sealed fingerprint, kept under its response id."""
+    current = sealed(gw, tenant_id=tenant_id, job=job)
     comparison = None
     if job.compare_to is not None:
         earlier = await gw.fingerprints.get(tenant_id, job.compare_to)
@@ -57,4 +67,4 @@ async def diagnose(gw: Gateway, *, tenant_id: str, response_id: str, job: Finger
             assert job.starts is not None  # fingerprint_job takes them whenever compare_to is set
             comparison = Comparison(found=True, divergence=compare(earlier, current, job.starts))
     await gw.fingerprints.put(tenant_id, response_id, current)
-    return comparison
+    return Diagnosis(comparison, current)

@@ -57,6 +57,7 @@ class PreparedChat:
     stream: bool
     include_usage: bool
     retention: str | None  # prompt_cache_retention as sent; see check_retention
+    fingerprint: FingerprintJob
 
 
 def sampling_params(
@@ -121,10 +122,12 @@ def prepare_message(ctx: PrepareContext, *, request: anthropic.MessagesRequest, 
     return Prepared(model, prompt, sampling, regions, request.cache_salt, tools)
 
 
-def prepare_chat_completion(ctx: PrepareContext, *, request: openai.ChatCompletionRequest) -> Prepared:
+def prepare_chat_completion(
+    ctx: PrepareContext, *, request: openai.ChatCompletionRequest, chat: Chat | None = None
+) -> Prepared:
     model = check_model(ctx, model=request.model)
     plan = CachePlan(options=request.prompt_cache_options, retention=request.prompt_cache_retention)
-    chat = openai.to_chat(request)
+    chat = chat or openai.to_chat(request)
     prompt = ctx.renderer.render(chat)
     sampling = sampling_params(
         max_tokens=output_budget(
@@ -177,9 +180,20 @@ def count_tokens_job(ctx: PrepareContext, raw: bytes, content_type: str | None) 
 
 def chat_job(ctx: PrepareContext, raw: bytes, content_type: str | None) -> PreparedChat:
     request = decode_body(raw, content_type=content_type, model=openai.ChatCompletionRequest)
+    chat = openai.to_chat(request)
+    prepared = prepare_chat_completion(ctx, request=request, chat=chat)
+    fingerprint = fingerprint_job(
+        ctx.renderer,
+        chat,
+        prepared.prompt,
+        model=prepared.model,
+        client_salt=request.cache_salt,
+        compare_to=None,
+    )
     return PreparedChat(
-        prepare_chat_completion(ctx, request=request),
+        prepared,
         stream=bool(request.stream),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
         retention=request.prompt_cache_retention,
+        fingerprint=fingerprint,
     )

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
 from gateway.api.body import prepare_body
+from gateway.api.cache_explanation import explanation_field
 from gateway.api.deps import ContextDep, GatewayDep
 from gateway.api.disconnect import CLIENT_CLOSED_REQUEST, ClientGone, unless_disconnected
 from gateway.api.responses import json_response
@@ -39,11 +40,13 @@ async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> R
     rate = await admit_rate(gw, ctx=ctx)
     job = await prepare_body(gw, ctx=ctx, request=request, job=message_job)
     prepared = job.prepared
-    comparison = await diagnose(
+    diagnosis = await diagnose(
         gw, tenant_id=ctx.principal.tenant_id, response_id=message_id(ctx.request_id), job=job.fingerprint
     )
-    diagnostics = anthropic_diagnostics(comparison)
-    gen = await start_generation(gw, ctx=ctx, endpoint="messages", prepared=prepared, rate=rate)
+    diagnostics = anthropic_diagnostics(diagnosis.comparison)
+    gen = await start_generation(
+        gw, ctx=ctx, endpoint="messages", prepared=prepared, rate=rate, fingerprint=diagnosis.fingerprint
+    )
     if job.stream:
         events = message_events(
             gen, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools, diagnostics=diagnostics
@@ -55,7 +58,7 @@ async def create_message(request: Request, gw: GatewayDep, ctx: ContextDep) -> R
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     message = message_of(finished, request_id=ctx.request_id, model=prepared.model, tools=prepared.tools)
     message.diagnostics = diagnostics
-    return json_response(message, headers=headers)
+    return json_response(message, headers=headers, extra=explanation_field(request, finished))
 
 
 @router.post("/count_tokens", response_model=CountTokensResponse, openapi_extra=json_body(CountTokensRequest))

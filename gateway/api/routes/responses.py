@@ -14,6 +14,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from gateway.api.body import read_body, run_job
+from gateway.api.cache_explanation import explanation_field
 from gateway.api.deps import ContextDep, GatewayDep, SessionDep
 from gateway.api.disconnect import CLIENT_CLOSED_REQUEST, ClientGone, unless_disconnected
 from gateway.api.responses import json_response
@@ -95,13 +96,16 @@ async def create_response(request: Request, gw: GatewayDep, ctx: ContextDep) -> 
     assert prepared is not None  # _prepare renders once the history is in
     check_retention(gw, model=prepared.model, retention=job.settings.prompt_cache_retention)
     assert job.fingerprint is not None  # made with prepared
-    comparison = await diagnose(
+    diagnosis = await diagnose(
         gw, tenant_id=ctx.principal.tenant_id, response_id=response_id(ctx.request_id), job=job.fingerprint
     )
-    if comparison is not None:
-        job = replace(job, settings=replace(job.settings, prompt_cache_diagnostics=openai_diagnostics(comparison)))
+    if diagnosis.comparison is not None:
+        diagnostics = openai_diagnostics(diagnosis.comparison)
+        job = replace(job, settings=replace(job.settings, prompt_cache_diagnostics=diagnostics))
     created_at = int(time.time())
-    gen = await start_generation(gw, ctx=ctx, endpoint="responses", prepared=prepared, rate=rate)
+    gen = await start_generation(
+        gw, ctx=ctx, endpoint="responses", prepared=prepared, rate=rate, fingerprint=diagnosis.fingerprint
+    )
     persist = partial(_persist, gw, ctx, job)
     if job.stream:
         events = response_events(
@@ -121,7 +125,7 @@ async def create_response(request: Request, gw: GatewayDep, ctx: ContextDep) -> 
         finished, settings=job.settings, request_id=ctx.request_id, created_at=created_at, tools=prepared.tools
     )
     await persist(response)
-    return json_response(response, headers=headers)
+    return json_response(response, headers=headers, extra=explanation_field(request, finished))
 
 
 @router.post("/input_tokens", response_model=InputTokenCount, openapi_extra=json_body(InputTokensRequest))
